@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Create (once) a separate virtualenv holding the peer libraries that the
+# benchmark compares joblane against. Nothing here touches the project's own
+# dependencies. Safe to run repeatedly.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="${PEERS_VENV:-$here/../.venv-peers}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+    echo "creating $venv" >&2
+    "$python" -m venv "$venv"
+fi
+
+# Version ranges: PgQueuer 1.x (asyncpg driver), Procrastinate 3.x (psycopg 3).
+want_pgq='pgqueuer[asyncpg]>=1,<2'
+want_proc='procrastinate>=3,<4'
+
+if "$venv/bin/python" - <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+def major(name):
+    return int(m.version(name).split(".")[0])
+import asyncpg, psycopg  # noqa: F401  drivers present
+sys.exit(0 if major("pgqueuer") == 1 and major("procrastinate") == 3 else 1)
+PY
+then
+    echo "peers already installed in $venv" >&2
+else
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    "$venv/bin/python" -m pip install --quiet "$want_pgq" "$want_proc" 'psycopg[binary]' asyncpg
+fi
+
+"$venv/bin/python" - <<'PY'
+import importlib.metadata as m
+for name in ("pgqueuer", "procrastinate", "asyncpg", "psycopg"):
+    print(f"{name} {m.version(name)}")
+PY

@@ -1,0 +1,19 @@
+"""joblane: PostgreSQL as your job queue and transactional outbox."""
+
+from .app import App, Task
+from .errors import Hold, JoblaneError, PermanentError, RetryAfter, SchemaVersionError
+from .types import Job, JobSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "App",
+    "Hold",
+    "Job",
+    "JobSpec",
+    "JoblaneError",
+    "PermanentError",
+    "RetryAfter",
+    "SchemaVersionError",
+    "Task",
+]

@@ -1,0 +1,423 @@
+"""App: the task registry, enqueue on the caller's connection, and admin calls."""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import json
+import math
+import os
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import psycopg
+
+from . import migrations, store
+from .errors import JoblaneError
+from .queries import Queries, for_schema, validate_schema
+from .types import HELD, PENDING, JobSpec
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+_MAX_DELAY = 10 * 365 * 24 * 3600.0
+ENQUEUE_CHUNK = 5000
+
+
+def exponential_backoff(base: float = 1.0, cap: float = 3600.0, jitter: float = 0.25) -> Callable[[int], float]:
+    """Delay before retry ``attempt + 1``: base * 2^(attempt-1), capped, with +-jitter."""
+
+    def delay(attempt: int) -> float:
+        raw = min(cap, base * (2 ** max(0, attempt - 1)))
+        return max(0.0, raw * random.uniform(1 - jitter, 1 + jitter))
+
+    return delay
+
+
+@dataclass
+class Task:
+    kind: str
+    fn: Callable[..., Any]
+    queue: str
+    max_attempts: int | None
+    backoff: Callable[[int], float]
+    timeout: float | None
+    priority: int
+    is_async: bool
+
+
+def _check_queue(queue: str) -> str:
+    if not isinstance(queue, str) or not _QUEUE_NAME.match(queue):
+        raise JoblaneError(
+            f"invalid queue name {queue!r}: use 1-63 letters, digits, '_', '.', ':' or '-', starting with a letter or digit"
+        )
+    return queue
+
+
+def _check_text(what: str, value: Any, limit: int) -> str:
+    if not isinstance(value, str) or not value:
+        raise JoblaneError(f"{what} must be a non-empty string, got {value!r}")
+    if len(value) > limit:
+        raise JoblaneError(f"{what} is {len(value)} characters long; the limit is {limit}")
+    if "\x00" in value:
+        raise JoblaneError(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    return value
+
+
+def to_json(what: str, value: Any, limit: int | None = None) -> str:
+    """Serialise ``value`` for a jsonb column, with one-line errors for what PostgreSQL would refuse."""
+    try:
+        text = json.dumps({} if value is None else value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise JoblaneError(f"{what} is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        raise JoblaneError(f"{what} contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+    if limit is not None and len(text) > limit:
+        raise JoblaneError(f"{what} is {len(text)} bytes as JSON; the limit is {limit} (App(max_payload_bytes=...))")
+    return text
+
+
+class App:
+    """A joblane application: tasks, the schema they live in, and how to reach the database.
+
+    ``App()`` reads ``DATABASE_URL`` and ``JOBLANE_SCHEMA`` (default ``joblane``)
+    when the DSN or schema is not given.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str | None = None,
+        default_queue: str = "default",
+        default_max_attempts: int = 10,
+        lease_seconds: float = 30.0,
+        max_payload_bytes: int = 1_000_000,
+        notify: bool = True,
+    ):
+        self._dsn = dsn
+        if schema is None:
+            schema = os.environ.get("JOBLANE_SCHEMA") or "joblane"
+        try:
+            self.schema = validate_schema(schema)
+        except ValueError as exc:
+            raise JoblaneError(str(exc)) from None
+        self.default_queue = _check_queue(default_queue)
+        if default_max_attempts < 1:
+            raise JoblaneError("default_max_attempts must be at least 1")
+        self.default_max_attempts = default_max_attempts
+        if lease_seconds <= 0:
+            raise JoblaneError("lease_seconds must be positive")
+        self.lease_seconds = float(lease_seconds)
+        self.max_payload_bytes = max_payload_bytes
+        self.notify = notify
+        self.tasks: dict[str, Task] = {}
+        self.queries: Queries = for_schema(self.schema)
+        self.channel = f"{self.schema}_jobs"
+
+    # -- configuration ----------------------------------------------------
+
+    @property
+    def dsn(self) -> str:
+        dsn = self._dsn or os.environ.get("DATABASE_URL")
+        if not dsn:
+            raise JoblaneError("no database: set DATABASE_URL or pass App(dsn=...)")
+        return dsn
+
+    def task(
+        self,
+        kind: str | None = None,
+        *,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        backoff: float | Callable[[int], float] | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register a task: ``@app.task("enrich_lead", queue="leads", max_attempts=8)``.
+
+        ``backoff`` is a base delay in seconds (doubling per attempt, with
+        jitter) or a function of the attempt number returning seconds.
+        """
+        if max_attempts is not None and max_attempts < 1:
+            raise JoblaneError("max_attempts must be at least 1")
+        if timeout is not None and not timeout > 0:
+            raise JoblaneError("timeout must be a positive number of seconds")
+        if backoff is None:
+            backoff_fn = exponential_backoff()
+        elif callable(backoff):
+            backoff_fn = backoff
+        else:
+            backoff_fn = exponential_backoff(base=float(backoff))
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            name = _check_text("task kind", kind or fn.__name__, 200)
+            if name in self.tasks:
+                raise JoblaneError(f"task kind {name!r} is registered twice")
+            self.tasks[name] = Task(
+                kind=name,
+                fn=fn,
+                queue=_check_queue(queue or self.default_queue),
+                max_attempts=max_attempts,
+                backoff=backoff_fn,
+                timeout=timeout,
+                priority=priority,
+                is_async=inspect.iscoroutinefunction(fn),
+            )
+            return fn
+
+        return register
+
+    def queues(self) -> list[str]:
+        """The queues the registered tasks live in."""
+        return sorted({t.queue for t in self.tasks.values()}) or [self.default_queue]
+
+    # -- enqueue ----------------------------------------------------------
+
+    def _enqueue_args(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        queue: str | None,
+        priority: int | None,
+        run_after: dt.datetime | None,
+        delay: float | None,
+        max_attempts: int | None,
+        unique_key: str | None,
+        held: bool,
+    ) -> tuple[list[Any], bool]:
+        _check_text("task kind", kind, 200)
+        task = self.tasks.get(kind)
+        if queue is None:
+            queue = task.queue if task else self.default_queue
+        queue = _check_queue(queue)
+        if priority is None:
+            priority = task.priority if task else 0
+        if not isinstance(priority, int) or not -32768 <= priority <= 32767:
+            raise JoblaneError(f"priority must be an integer from -32768 to 32767, got {priority!r}")
+        if max_attempts is None:
+            max_attempts = (task.max_attempts if task else None) or self.default_max_attempts
+        if not isinstance(max_attempts, int) or not 1 <= max_attempts <= 100_000:
+            raise JoblaneError(f"max_attempts must be an integer from 1 to 100000, got {max_attempts!r}")
+        delay = 0.0 if delay is None else delay
+        if isinstance(delay, dt.timedelta):
+            delay = delay.total_seconds()
+        if not isinstance(delay, (int, float)) or not math.isfinite(delay) or not 0 <= delay <= _MAX_DELAY:
+            raise JoblaneError(f"delay must be a number of seconds from 0 to {_MAX_DELAY:.0f}, got {delay!r}")
+        if run_after is not None:
+            if not isinstance(run_after, dt.datetime) or run_after.tzinfo is None:
+                raise JoblaneError("run_after must be a timezone-aware datetime")
+        if unique_key is not None:
+            _check_text("unique_key", unique_key, 1000)
+        body = to_json("payload", payload, self.max_payload_bytes)
+        state = HELD if held else PENDING
+        ready_now = not held and delay == 0 and (run_after is None or run_after <= dt.datetime.now(dt.timezone.utc))
+        args = [queue, kind, body, priority, max_attempts, run_after, float(delay), unique_key, state]
+        return args, ready_now and self.notify
+
+    def enqueue(
+        self,
+        conn: Any,
+        kind: str,
+        payload: Any = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: dt.datetime | None = None,
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        unique_key: str | None = None,
+        held: bool = False,
+        replay_of: int | None = None,
+    ) -> int:
+        """Insert a job on ``conn`` (psycopg 3), inside the caller's transaction; returns its id.
+
+        With ``unique_key``, an unfinished job holding the same key is kept
+        and its id returned instead of inserting a second one.
+        """
+        args, notify = self._enqueue_args(
+            kind, payload, queue=queue, priority=priority, run_after=run_after, delay=delay,
+            max_attempts=max_attempts, unique_key=unique_key, held=held,
+        )
+        rows = store.fetch(conn, self.queries.enqueue, [*args, replay_of, notify, self.channel])
+        if rows:
+            return rows[0][0]
+        return store.fetch(conn, self.queries.unfinished_by_unique_key, [unique_key])[0][0]
+
+    async def enqueue_async(
+        self,
+        conn: Any,
+        kind: str,
+        payload: Any = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: dt.datetime | None = None,
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        unique_key: str | None = None,
+        held: bool = False,
+        replay_of: int | None = None,
+    ) -> int:
+        """``enqueue`` on a psycopg AsyncConnection or an asyncpg connection."""
+        args, notify = self._enqueue_args(
+            kind, payload, queue=queue, priority=priority, run_after=run_after, delay=delay,
+            max_attempts=max_attempts, unique_key=unique_key, held=held,
+        )
+        rows = await store.fetch_async(conn, self.queries.enqueue, [*args, replay_of, notify, self.channel])
+        if rows:
+            return rows[0][0]
+        return (await store.fetch_async(conn, self.queries.unfinished_by_unique_key, [unique_key]))[0][0]
+
+    def _many_chunks(self, jobs: Iterable[JobSpec | dict | tuple]) -> Iterable[tuple[list[list[Any]], bool]]:
+        columns: list[list[Any]] = [[] for _ in range(9)]
+        notify = False
+        for spec in jobs:
+            if isinstance(spec, dict):
+                spec = JobSpec(**spec)
+            elif isinstance(spec, tuple):
+                spec = JobSpec(*spec)
+            elif not isinstance(spec, JobSpec):
+                raise JoblaneError(f"enqueue_many takes JobSpec, dict or (kind, payload) tuples, got {type(spec).__name__}")
+            args, ready = self._enqueue_args(
+                spec.kind, spec.payload, queue=spec.queue, priority=spec.priority, run_after=spec.run_after,
+                delay=spec.delay, max_attempts=spec.max_attempts, unique_key=spec.unique_key, held=spec.held,
+            )
+            notify = notify or ready
+            for column, value in zip(columns, args):
+                column.append(value)
+            if len(columns[0]) >= ENQUEUE_CHUNK:
+                yield columns, notify
+                columns = [[] for _ in range(9)]
+                notify = False
+        if columns[0]:
+            yield columns, notify
+
+    def enqueue_many(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
+        """Insert many jobs in one statement per 5,000, in the caller's transaction.
+
+        Returns the ids of the jobs inserted; a job whose ``unique_key`` an
+        unfinished job already holds is skipped. Every job is validated
+        before its chunk is sent.
+        """
+        ids: list[int] = []
+        for columns, notify in self._many_chunks(jobs):
+            rows = store.fetch(conn, self.queries.enqueue_many, [*columns, notify, self.channel])
+            ids.extend(r[0] for r in rows)
+        return ids
+
+    async def enqueue_many_async(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
+        """``enqueue_many`` on a psycopg AsyncConnection or an asyncpg connection."""
+        ids: list[int] = []
+        for columns, notify in self._many_chunks(jobs):
+            rows = await store.fetch_async(conn, self.queries.enqueue_many, [*columns, notify, self.channel])
+            ids.extend(r[0] for r in rows)
+        return ids
+
+    # -- schema and admin -------------------------------------------------
+
+    def connect(self, **kwargs: Any) -> psycopg.Connection:
+        """A new autocommit psycopg connection to the app's database."""
+        try:
+            return psycopg.connect(self.dsn, autocommit=True, **kwargs)
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise JoblaneError(f"cannot connect to the database: {first}") from None
+
+    def migrate(self, conn: psycopg.Connection | None = None) -> list[int]:
+        """Apply the migrations this schema lacks; returns the versions applied."""
+        if conn is not None:
+            return migrations.migrate(conn, self.schema)
+        with self.connect() as own:
+            return migrations.migrate(own, self.schema)
+
+    def _admin(self, conn: Any, name: str, args: Sequence[Any]) -> list[tuple]:
+        if conn is not None:
+            return store.fetch(conn, getattr(self.queries, name), args)
+        with self.connect() as own:
+            return store.fetch(own, getattr(self.queries, name), args)
+
+    def status(self, conn: Any = None) -> list[dict[str, Any]]:
+        """Jobs per queue and state, with the oldest ready job's age in seconds."""
+        return [
+            {"queue": q, "state": s, "jobs": n, "oldest_ready_seconds": float(age) if age is not None else None}
+            for q, s, n, age in self._admin(conn, "status_counts", [])
+        ]
+
+    def list_jobs(
+        self,
+        conn: Any = None,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        queue: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Jobs newest first, filtered; page with ``before_id`` (keyset)."""
+        rows = self._admin(conn, "list_jobs", [state, kind, queue, before_id, limit])
+        keys = ("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "run_after",
+                "last_error", "created_at", "finished_at", "worker", "unique_key", "replay_of")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def get_job(self, job_id: int, conn: Any = None) -> dict[str, Any] | None:
+        """One job with its attempts, or None."""
+        rows = self._admin(conn, "get_job", [job_id])
+        if not rows:
+            return None
+        keys = ("id", "queue", "kind", "payload", "state", "priority", "attempts", "max_attempts", "run_after",
+                "last_error", "lease_until", "worker", "unique_key", "replay_of", "result", "created_at",
+                "finished_at")
+        job = dict(zip(keys, rows[0]))
+        job["payload"] = json.loads(job["payload"])
+        job["result"] = json.loads(job["result"]) if job["result"] is not None else None
+        job["attempt_rows"] = [
+            {"attempt": a, "worker": w, "started_at": s, "finished_at": f, "outcome": o, "error": e,
+             "meta": json.loads(m) if m else None}
+            for a, w, s, f, o, e, m in self._admin(conn, "job_attempts", [job_id])
+        ]
+        return job
+
+    def retry(
+        self,
+        conn: Any = None,
+        *,
+        ids: Sequence[int] | None = None,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> list[int]:
+        """Put failed (or, by id, cancelled) jobs back to pending; returns the ids retried."""
+        if ids is None and kind is None and queue is None:
+            raise JoblaneError("retry needs job ids or a filter (kind, queue)")
+        rows = self._admin(conn, "retry_jobs", [list(ids) if ids is not None else None, kind, queue, "failed"])
+        return sorted(r[0] for r in rows)
+
+    def cancel(self, conn: Any = None, *, ids: Sequence[int], reason: str | None = None,
+               actor: str | None = None) -> list[int]:
+        """Cancel pending, held or running jobs; returns the ids cancelled."""
+        rows = self._admin(conn, "cancel_jobs", [list(ids), reason, actor or _actor()])
+        return sorted(r[0] for r in rows)
+
+    def job_states(self, ids: Sequence[int], conn: Any = None) -> dict[int, str]:
+        return {i: s for i, s in self._admin(conn, "job_states", [list(ids)])}
+
+
+def _actor() -> str:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in some containers
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def monotonic() -> float:
+    return time.monotonic()

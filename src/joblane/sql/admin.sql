@@ -1,0 +1,85 @@
+-- Named queries of the command line and the admin calls on App.
+
+-- name: status_counts
+-- Jobs per queue and state, with the age of the oldest ready job.
+SELECT queue, state, count(*) AS jobs,
+       extract(epoch FROM now() - min(run_after) FILTER (WHERE state = 'pending' AND run_after <= now()))
+           AS oldest_ready_seconds
+  FROM {schema}.jobs
+ GROUP BY queue, state
+ ORDER BY queue, state;
+
+-- name: list_jobs
+-- Jobs filtered by state $1, kind $2, queue $3 (NULL = any), newest first, below id $4, at most $5.
+SELECT id, queue, kind, state, priority, attempts, max_attempts, run_after, last_error,
+       created_at, finished_at, worker, unique_key, replay_of
+  FROM {schema}.jobs
+ WHERE ($1::text IS NULL OR state = $1)
+   AND ($2::text IS NULL OR kind = $2)
+   AND ($3::text IS NULL OR queue = $3)
+   AND ($4::bigint IS NULL OR id < $4)
+ ORDER BY id DESC
+ LIMIT $5;
+
+-- name: get_job
+-- One job with every column.
+SELECT id, queue, kind, payload::text AS payload, state, priority, attempts, max_attempts,
+       run_after, last_error, lease_until, worker, unique_key, replay_of, result::text AS result,
+       created_at, finished_at
+  FROM {schema}.jobs
+ WHERE id = $1;
+
+-- name: job_attempts
+-- Every attempt of job $1 in order.
+SELECT attempt, worker, started_at, finished_at, outcome, error, meta::text AS meta
+  FROM {schema}.attempts
+ WHERE job_id = $1
+ ORDER BY id;
+
+-- name: retry_jobs
+-- Put failed or cancelled jobs back to pending: ids $1, or all matching kind $2 / queue $3 when $1 is NULL; $4 limits the filter.
+WITH target AS (
+    SELECT j.id
+      FROM {schema}.jobs AS j
+     WHERE j.state IN ('failed', 'cancelled')
+       AND (($1::bigint[] IS NOT NULL AND j.id = ANY($1))
+            OR ($1::bigint[] IS NULL
+                AND ($2::text IS NULL OR j.kind = $2)
+                AND ($3::text IS NULL OR j.queue = $3)
+                AND $4::text = 'failed' AND j.state = 'failed'))
+       -- never revive a job whose unique_key another unfinished job now holds
+       AND (j.unique_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM {schema}.jobs AS o
+              WHERE o.unique_key = j.unique_key AND o.state IN ('pending', 'running', 'held')))
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs AS j
+   SET state = 'pending', run_after = now(), finished_at = NULL,
+       max_attempts = greatest(j.max_attempts, j.attempts + 1)
+  FROM target
+ WHERE j.id = target.id
+RETURNING j.id;
+
+-- name: cancel_jobs
+-- Cancel pending, held or running jobs $1; a running task is stopped by its worker at the next heartbeat.
+WITH target AS (
+    SELECT id, state AS was, attempts
+      FROM {schema}.jobs
+     WHERE id = ANY($1::bigint[]) AND state IN ('pending', 'held', 'running')
+       FOR UPDATE
+), cancelled AS (
+    UPDATE {schema}.jobs AS j
+       SET state = 'cancelled', finished_at = now(), lease_until = NULL, worker = NULL,
+           last_error = coalesce($2, 'cancelled')
+      FROM target
+     WHERE j.id = target.id
+ RETURNING j.id, target.was, j.attempts
+), audit AS (
+    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error)
+    SELECT id, attempts, $3, now(), 'cancelled', coalesce($2, 'cancelled from ' || was) FROM cancelled
+)
+SELECT id, was FROM cancelled;
+
+-- name: job_states
+-- The state of each of the jobs $1 (to explain why an admin call skipped some).
+SELECT id, state FROM {schema}.jobs WHERE id = ANY($1::bigint[]);

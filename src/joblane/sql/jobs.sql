@@ -1,0 +1,166 @@
+-- Named queries of the job lifecycle: enqueue, claim, heartbeat, finish, rescue.
+-- Each block starts with "-- name: <name>" and a one-line description.
+-- {schema} is the validated, quoted schema name; every value is a $n parameter.
+
+-- name: enqueue
+-- Insert one job in the caller's transaction; notify idle workers in the same round trip when $11.
+WITH inserted AS (
+    INSERT INTO {schema}.jobs
+           (queue, kind, payload, priority, max_attempts, run_after, unique_key, state, replay_of)
+    VALUES ($1, $2, $3::text::jsonb, $4, $5,
+            coalesce($6::timestamptz, now()) + make_interval(secs => $7::float8),
+            $8, $9, $10)
+    -- A duplicate unfinished unique_key is skipped instead of raising, so the
+    -- caller's transaction is never aborted by a unique violation.
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'held')
+    DO NOTHING
+    RETURNING id, queue
+)
+SELECT id, CASE WHEN $11::bool THEN pg_notify($12, queue)::text END AS notified
+  FROM inserted;
+
+-- name: unfinished_by_unique_key
+-- The unfinished job holding a unique_key (after enqueue skipped a duplicate).
+SELECT id FROM {schema}.jobs
+ WHERE unique_key = $1 AND state IN ('pending', 'running', 'held');
+
+-- name: enqueue_many
+-- Insert many jobs from arrays in one statement; one notification per queue when $10.
+WITH inserted AS (
+    INSERT INTO {schema}.jobs
+           (queue, kind, payload, priority, max_attempts, run_after, unique_key, state)
+    SELECT t.queue, t.kind, t.payload::jsonb, t.priority, t.max_attempts,
+           coalesce(t.run_after, now()) + make_interval(secs => t.delay), t.unique_key, t.state
+      FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[], $5::int[],
+                  $6::timestamptz[], $7::float8[], $8::text[], $9::text[])
+           AS t(queue, kind, payload, priority, max_attempts, run_after, delay, unique_key, state)
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'held')
+    DO NOTHING
+    RETURNING id, queue, state, run_after
+), notified AS (
+    SELECT pg_notify($11, queue)
+      FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'pending' AND run_after <= now()) AS q
+     WHERE $10::bool
+)
+-- notified is read once (an init plan) so that its notifications are sent.
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted;
+
+-- name: claim_jobs
+-- Claim up to $2 ready jobs from queues $1 for worker $3, leased for $4 seconds, in one statement.
+--
+-- One LATERAL probe per queue walks jobs_ready (queue, priority, run_after, id)
+-- in order and stops after $2 rows, so the cost does not grow with the number
+-- of waiting jobs; a single "queue = ANY(...)" scan would have to sort them all.
+-- The CTE is evaluated exactly once, so the rows locked are the rows updated.
+-- Rows locked by the probes but cut by the outer LIMIT are released at commit.
+WITH picked AS (
+    SELECT ready.id
+      FROM unnest($1::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_after
+              FROM {schema}.jobs AS j
+             WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+             ORDER BY j.priority, j.run_after, j.id
+             LIMIT $2
+               FOR UPDATE SKIP LOCKED
+         ) AS ready
+     ORDER BY ready.priority, ready.run_after, ready.id
+     LIMIT $2
+)
+UPDATE {schema}.jobs AS j
+   SET state = 'running',
+       attempts = j.attempts + 1,
+       worker = $3,
+       lease_until = now() + make_interval(secs => $4::float8)
+  FROM picked
+ WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.attempts, j.max_attempts,
+          j.priority, j.created_at, j.replay_of;
+
+-- name: complete_jobs
+-- Write many outcomes at once; a row changes only while it is still running this attempt for this worker.
+--
+-- The guard (state, attempts, worker) makes a late or repeated write a no-op:
+-- a job that was rescued, cancelled or re-claimed meanwhile is left alone,
+-- and only the rows that applied get an attempts row.
+WITH outcome AS (
+    SELECT *
+      FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::float8[],
+                  $7::int[], $8::text[], $9::timestamptz[], $10::timestamptz[], $11::text[])
+           AS o(id, attempt, state, outcome, error, delay, refund, result, started_at, finished_at, meta)
+), applied AS (
+    UPDATE {schema}.jobs AS j
+       SET state = o.state,
+           attempts = j.attempts - o.refund,
+           last_error = coalesce(o.error, j.last_error),
+           result = coalesce(o.result::jsonb, j.result),
+           run_after = CASE WHEN o.state = 'pending'
+                            THEN now() + make_interval(secs => o.delay)
+                            ELSE j.run_after END,
+           lease_until = NULL,
+           worker = NULL,
+           finished_at = CASE WHEN o.state IN ('done', 'failed', 'cancelled') THEN now() END
+      FROM outcome AS o
+     WHERE j.id = o.id AND j.state = 'running' AND j.attempts = o.attempt AND j.worker = $12
+ RETURNING j.id
+), audit AS (
+    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, finished_at, outcome, error, meta)
+    SELECT o.id, o.attempt, $12, o.started_at, o.finished_at, o.outcome, o.error, o.meta::jsonb
+      FROM outcome AS o
+      JOIN applied USING (id)
+)
+SELECT id FROM applied;
+
+-- name: extend_leases
+-- Heartbeat: extend the leases of the jobs worker $2 still runs; returns those it still owns.
+UPDATE {schema}.jobs
+   SET lease_until = now() + make_interval(secs => $3::float8)
+ WHERE id = ANY($1::bigint[]) AND state = 'running' AND worker = $2
+RETURNING id;
+
+-- name: rescue_expired
+-- Give back up to $1 running jobs whose lease expired: pending again, or failed when out of attempts.
+WITH lost AS (
+    SELECT id, worker
+      FROM {schema}.jobs
+     WHERE state = 'running' AND lease_until < now()
+     ORDER BY lease_until
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), rescued AS (
+    UPDATE {schema}.jobs AS j
+       SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'pending' END,
+           last_error = 'worker ' || coalesce(lost.worker, '?') || ' was lost during attempt '
+                        || j.attempts || ' (its lease expired)',
+           lease_until = NULL,
+           worker = NULL,
+           run_after = now(),
+           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END
+      FROM lost
+     WHERE j.id = lost.id
+ RETURNING j.id, j.state, j.attempts, lost.worker, j.last_error
+), audit AS (
+    INSERT INTO {schema}.attempts (job_id, attempt, worker, outcome, error)
+    SELECT id, attempts, worker, 'lost', last_error FROM rescued
+)
+SELECT id, state FROM rescued;
+
+-- name: prune_finished
+-- Delete up to $3 jobs done or cancelled more than $1 seconds ago (failed ones too when $2), with their attempts.
+WITH doomed AS (
+    SELECT id
+      FROM {schema}.jobs
+     WHERE state IN ('done', 'failed', 'cancelled')
+       AND (state <> 'failed' OR $2::bool)
+       AND finished_at < now() - make_interval(secs => $1::float8)
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {schema}.attempts AS a USING doomed WHERE a.job_id = doomed.id
+)
+DELETE FROM {schema}.jobs AS j USING doomed WHERE j.id = doomed.id
+RETURNING j.id;
+
+-- name: try_service_lock
+-- Take the transaction-scoped advisory lock that lets one worker at a time run a service.
+SELECT pg_try_advisory_xact_lock($1::bigint);

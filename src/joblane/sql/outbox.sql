@@ -1,0 +1,1 @@
+-- Named queries of the outbox (publish, relay).

@@ -1,0 +1,112 @@
+"""A reusable async batcher: flush on size or a short timer, back-pressure, retry, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Awaitable, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger("joblane.worker")
+
+
+class Batcher(Generic[T]):
+    """Collects items and hands them to ``flush`` in batches.
+
+    ``put`` is the same call whether items go one at a time or in bulk; the
+    batcher coalesces what arrives within ``max_wait`` seconds (or
+    ``max_size`` items), waits while more than ``max_pending`` are queued,
+    puts a failed batch back at the front and retries it with backoff, and
+    ``close`` drains what is left.
+    """
+
+    def __init__(
+        self,
+        flush: Callable[[list[T]], Awaitable[None]],
+        *,
+        max_size: int = 500,
+        max_wait: float = 0.002,
+        max_pending: int = 20_000,
+        name: str = "batcher",
+    ):
+        self._flush = flush
+        self.max_size = max_size
+        self.max_wait = max_wait
+        self.max_pending = max_pending
+        self.name = name
+        self._items: list[T] = []
+        self._in_flight: list[T] = []
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+        self.flushes = 0
+        self.failures = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    @property
+    def pending(self) -> list[T]:
+        """Items not yet written (queued or in the flush under way)."""
+        return self._in_flight + self._items
+
+    @property
+    def backlogged(self) -> bool:
+        return len(self._items) >= self.max_pending
+
+    async def put(self, item: T) -> None:
+        self._items.append(item)
+        self._ready.set()
+        while len(self._items) > self.max_pending and not self._closing:
+            self._room.clear()
+            await self._room.wait()
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            if not self._items:
+                if self._closing:
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            if len(self._items) < self.max_size and not self._closing and failures == 0:
+                await asyncio.sleep(self.max_wait)  # let a few more arrive
+            batch = self._items[: self.max_size]
+            del self._items[: self.max_size]
+            self._in_flight = batch
+            try:
+                await self._flush(batch)
+            except Exception as exc:
+                failures += 1
+                self.failures += 1
+                self._items[0:0] = batch
+                delay = min(5.0, 0.05 * 2 ** min(failures, 7)) * random.uniform(0.8, 1.2)
+                log.warning("%s: writing %d items failed (%s); retrying in %.2fs", self.name, len(batch),
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+            else:
+                failures = 0
+                self.flushes += 1
+            finally:
+                self._in_flight = []
+            if len(self._items) <= self.max_pending:
+                self._room.set()
+
+    async def close(self, timeout: float | None = None) -> bool:
+        """Stop taking the timer's time, write what is queued; True when everything was written."""
+        self._closing = True
+        self._ready.set()
+        self._room.set()
+        if self._task is None:
+            return not self._items
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except asyncio.TimeoutError:
+            self._task.cancel()
+            log.error("%s: %d items were not written before the drain timeout", self.name, len(self.pending))
+            return False
+        return True

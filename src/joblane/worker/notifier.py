@@ -1,0 +1,80 @@
+"""LISTEN for enqueue notifications and wake the producer; reconnects on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Callable
+
+import asyncpg
+
+
+log = logging.getLogger("joblane.worker")
+
+
+class Notifier:
+    def __init__(self, dsn: str, channel: str, queues: set[str], wake: Callable[[], None]):
+        self.dsn = dsn
+        self.channel = channel
+        self.queues = queues
+        self.wake = wake
+        self.connected = asyncio.Event()
+        self.notifications = 0
+
+    def _on_notify(self, _conn, _pid, _channel, payload: str) -> None:
+        self.notifications += 1
+        if payload in self.queues:
+            self.wake()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        failures = 0
+        while not stopping.is_set():
+            conn = None
+            try:
+                conn = await asyncpg.connect(self.dsn)
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c: lost.set())
+                await conn.add_listener(self.channel, self._on_notify)
+                self.connected.set()
+                failures = 0
+                # Anything enqueued while we were not listening is found by a claim now.
+                self.wake()
+                while not stopping.is_set() and not lost.is_set() and not conn.is_closed():
+                    try:
+                        await asyncio.wait_for(_first(stopping, lost), 2.0)
+                    except asyncio.TimeoutError:
+                        pass
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                log.warning("listener: %s; reconnecting", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            finally:
+                self.connected.clear()
+                if conn is not None and not conn.is_closed():
+                    try:
+                        await asyncio.wait_for(conn.close(), 2.0)
+                    except Exception:
+                        conn.terminate()
+            if not stopping.is_set():
+                self.wake()
+                await _sleep_unless(stopping, min(5.0, 0.1 * 2 ** min(failures, 6)) * random.uniform(0.8, 1.2))
+
+
+async def _first(*events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
+
+

@@ -1,0 +1,344 @@
+"""Worker lifecycle: connections, the claim loop, heartbeats, maintenance, signals, shutdown.
+
+Data flows one way: the claim loop leases jobs and starts an executor per
+job; each executor returns an Outcome; the completer writes outcomes in
+bulk. No transaction is open while a task runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import asyncpg
+
+from ..app import App
+from ..errors import JoblaneError, SchemaVersionError
+from ..maintenance import Pruner, Rescuer
+from ..migrations import latest_version
+from ..queries import quote_ident
+from ..types import Job, Outcome
+from .batcher import Batcher
+from .executor import execute, give_back, now
+from .notifier import Notifier
+
+log = logging.getLogger("joblane.worker")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Worker:
+    """Runs the app's tasks from one or more queues.
+
+    ``concurrency`` jobs run at once; a claim asks for as many jobs as there
+    are free slots (at most ``claim_batch``). Leases last ``lease_seconds``
+    and are extended every ``heartbeat_seconds`` while tasks run.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        queues: list[str] | None = None,
+        concurrency: int = 10,
+        claim_batch: int | None = None,
+        poll_interval: float = 1.0,
+        lease_seconds: float | None = None,
+        heartbeat_seconds: float | None = None,
+        grace_seconds: float = 30.0,
+        listen: bool = True,
+        flush_interval: float = 0.002,
+        flush_size: int = 500,
+        rescue_interval: float | None = None,
+        retention_seconds: float = 7 * 86400.0,
+        prune_failed: bool = False,
+        prune_interval: float = 60.0,
+        name: str | None = None,
+    ):
+        if concurrency < 1:
+            raise JoblaneError("concurrency must be at least 1")
+        if poll_interval <= 0:
+            raise JoblaneError("poll_interval must be positive")
+        if grace_seconds < 0:
+            raise JoblaneError("grace_seconds must be >= 0")
+        self.app = app
+        self.queues = [q for q in (queues or app.queues())]
+        for q in self.queues:
+            from ..app import _check_queue
+
+            _check_queue(q)
+        self.concurrency = concurrency
+        self.claim_batch = max(1, claim_batch or concurrency)
+        self.poll_interval = poll_interval
+        self.lease_seconds = float(lease_seconds or app.lease_seconds)
+        self.heartbeat_seconds = float(heartbeat_seconds or self.lease_seconds / 3)
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise JoblaneError("heartbeat_seconds must be shorter than lease_seconds")
+        self.grace_seconds = grace_seconds
+        self.listen = listen
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.stats: Counter[str] = Counter()
+
+        q = app.queries
+        self._claim_sql = q.claim_jobs
+        self._complete_sql = q.complete_jobs
+        self._extend_sql = q.extend_leases
+        self.completer: Batcher[Outcome] = Batcher(
+            self._write_outcomes, max_size=flush_size, max_wait=flush_interval, name="completer"
+        )
+        self.rescuer = Rescuer(q, app.schema, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
+        self.pruner = Pruner(q, app.schema, retention=retention_seconds, prune_failed=prune_failed,
+                             interval=prune_interval)
+
+        self._active: dict[int, tuple[asyncio.Task, Job]] = {}
+        self._revoked: set[int] = set()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._slot = asyncio.Event()
+        self._signals = 0
+        self._pool: asyncpg.Pool | None = None
+        self._threads: ThreadPoolExecutor | None = None
+        self.started = asyncio.Event()
+
+    # -- public control ---------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming; running tasks get ``grace_seconds`` to finish."""
+        self._stopping.set()
+        self._wake.set()
+        self._slot.set()
+
+    @property
+    def active_jobs(self) -> list[int]:
+        return list(self._active)
+
+    # -- database ---------------------------------------------------------
+
+    async def _connect(self) -> asyncpg.Pool:
+        failures = 0
+        while True:
+            try:
+                pool = await asyncpg.create_pool(self.app.dsn, min_size=2, max_size=4)
+                async with pool.acquire() as conn:
+                    await self._check_schema(conn)
+                return pool
+            except (SchemaVersionError, JoblaneError):
+                raise
+            except asyncpg.InvalidCatalogNameError as exc:
+                raise JoblaneError(f"cannot use the database: {_first_line(exc)}") from None
+            except asyncpg.InvalidAuthorizationSpecificationError as exc:
+                raise JoblaneError(f"cannot log in to the database: {_first_line(exc)}") from None
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError) as exc:
+                failures += 1
+                if self._stopping.is_set():
+                    raise JoblaneError(f"stopped before the database answered: {_first_line(exc)}") from None
+                delay = min(5.0, 0.2 * 2 ** min(failures, 5))
+                log.warning("database not reachable (%s); retrying in %.1fs", _first_line(exc), delay)
+                await self._sleep(delay)
+
+    async def _check_schema(self, conn) -> None:
+        table = f"{quote_ident(self.app.schema)}.migrations"
+        if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
+            raise SchemaVersionError(f"schema {self.app.schema!r} has no joblane tables: run `joblane migrate`")
+        version = await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {table}")
+        if version != latest_version():
+            direction = "run `joblane migrate`" if version < latest_version() else "upgrade joblane"
+            raise SchemaVersionError(
+                f"schema {self.app.schema!r} is at version {version}, this joblane needs {latest_version()}: {direction}"
+            )
+
+    async def _claim(self, n: int) -> list:
+        async with self._pool.acquire() as conn:
+            return await conn.fetch(self._claim_sql, self.queues, n, self.name, self.lease_seconds)
+
+    async def _write_outcomes(self, batch: list[Outcome]) -> None:
+        cols: list[list[Any]] = [[] for _ in range(11)]
+        for o in batch:
+            for col, value in zip(cols, (o.job_id, o.attempt, o.state, o.outcome, o.error, o.delay, o.refund,
+                                         o.result, o.started_at, o.finished_at, o.meta)):
+                col.append(value)
+        async with self._pool.acquire() as conn:
+            applied = await conn.fetch(self._complete_sql, *cols, self.name)
+        for o in batch:
+            self.stats[o.outcome] += 1
+        skipped = len(batch) - len(applied)
+        if skipped:
+            self.stats["stale"] += skipped
+            log.info("completer: %d outcomes arrived after their job was rescued or cancelled", skipped)
+
+    # -- the claim loop ---------------------------------------------------
+
+    async def _produce(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._active)
+            if free <= 0 or self.completer.backlogged:
+                self._slot.clear()
+                if self.concurrency - len(self._active) <= 0 or self.completer.backlogged:
+                    await self._slot.wait()
+                continue
+            want = min(free, self.claim_batch)
+            self._wake.clear()  # a notification that lands during the claim is kept
+            try:
+                rows = await self._claim(want)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                delay = min(5.0, 0.05 * 2 ** min(failures, 7)) * random.uniform(0.8, 1.2)
+                log.warning("claim failed (%s); retrying in %.2fs", _first_line(exc), delay)
+                await self._sleep(delay)
+                continue
+            failures = 0
+            # From here the rows are committed as ours: every one reaches an
+            # executor (which gives it back if we are stopping), never dropped.
+            for row in rows:
+                self._start(row)
+            if len(rows) < want:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                except asyncio.TimeoutError:
+                    pass
+
+    def _start(self, row) -> None:
+        job = Job(
+            id=row[0], queue=row[1], kind=row[2], payload=json.loads(row[3]), attempt=row[4],
+            max_attempts=row[5], priority=row[6], created_at=row[7], replay_of=row[8],
+        )
+        task = asyncio.create_task(self._run_job(job))
+        self._active[job.id] = (task, job)
+
+    async def _run_job(self, job: Job) -> None:
+        started = now()
+        outcome: Outcome | None
+        try:
+            if self._stopping.is_set():
+                outcome = give_back(job, started, "worker shutting down before the task started")
+            else:
+                outcome = await execute(self.app.tasks.get(job.kind), job, self._threads)
+        except asyncio.CancelledError:
+            if job.id in self._revoked:
+                outcome = None  # cancelled or rescued elsewhere; the database already says so
+            else:
+                outcome = give_back(job, started, f"worker {self.name} shut down before the task finished")
+        finally:
+            self._active.pop(job.id, None)
+            self._slot.set()
+        if outcome is not None:
+            await self.completer.put(outcome)
+
+    # -- heartbeats -------------------------------------------------------
+
+    async def _heartbeat(self, done: asyncio.Event) -> None:
+        while not done.is_set():
+            try:
+                await asyncio.wait_for(done.wait(), self.heartbeat_seconds)
+                return
+            except asyncio.TimeoutError:
+                pass
+            running = list(self._active)
+            ids = running + [o.job_id for o in self.completer.pending]
+            if not ids:
+                continue
+            try:
+                async with self._pool.acquire() as conn:
+                    owned = {r[0] for r in await conn.fetch(self._extend_sql, ids, self.name, self.lease_seconds)}
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("heartbeat failed (%s)", _first_line(exc))
+                continue
+            for job_id in running:
+                if job_id not in owned and job_id in self._active:
+                    task, job = self._active[job_id]
+                    log.warning("job %d (%s) is no longer ours (cancelled or rescued): stopping its task",
+                                job_id, job.kind)
+                    self._revoked.add(job_id)
+                    task.cancel()
+
+    # -- lifecycle --------------------------------------------------------
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    def _on_signal(self, signame: str) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info("%s received: finishing running jobs (grace %.0fs); send again to exit at once",
+                     signame, self.grace_seconds)
+            self.request_stop()
+        else:
+            log.warning("%s received again: exiting now; running jobs return when their leases expire", signame)
+            os._exit(1)
+
+    async def run(self, *, install_signals: bool = True) -> Counter[str]:
+        """Run until ``request_stop()`` or SIGTERM/SIGINT; returns counts of outcomes."""
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig.name)
+        self._threads = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="joblane-task")
+        self._pool = await self._connect()
+        log.info("worker %s: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
+        self.completer.start()
+        services_done = asyncio.Event()
+        background = [
+            asyncio.create_task(self._heartbeat(services_done), name="heartbeat"),
+            asyncio.create_task(self.rescuer.run(self._pool, self._stopping), name="rescuer"),
+            asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="pruner"),
+        ]
+        notifier = None
+        if self.listen:
+            notifier = Notifier(self.app.dsn, self.app.channel, set(self.queues), self._wake.set)
+            background.append(asyncio.create_task(notifier.run(self._stopping), name="notifier"))
+        self.started.set()
+        try:
+            await self._produce()
+        finally:
+            await self._shutdown(services_done, background)
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        return self.stats
+
+    async def _shutdown(self, services_done: asyncio.Event, background: list[asyncio.Task]) -> None:
+        self.request_stop()
+        tasks = [t for t, _ in self._active.values()]
+        if tasks:
+            log.info("waiting up to %.0fs for %d running jobs", self.grace_seconds, len(tasks))
+            _, still = await asyncio.wait(tasks, timeout=self.grace_seconds)
+            if still:
+                log.warning("giving back %d jobs that did not finish within the grace period", len(still))
+                for t in still:
+                    t.cancel()
+                await asyncio.gather(*still, return_exceptions=True)
+        drained = await self.completer.close(timeout=max(10.0, self.lease_seconds))
+        if not drained:
+            log.error("some outcomes were not written; those jobs return when their leases expire")
+        services_done.set()
+        for t in background:
+            t.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        if self._pool is not None:
+            try:
+                await asyncio.wait_for(self._pool.close(), 5.0)
+            except Exception:
+                self._pool.terminate()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        log.info("worker %s stopped: %s", self.name, dict(self.stats))

@@ -1,0 +1,38 @@
+"""A test app whose tasks record every run in a `runs` table, for exactly-once and crash tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import asyncpg
+
+import joblane
+from joblane.queries import quote_ident
+
+app = joblane.App(lease_seconds=float(os.environ.get("TEST_LEASE", "30")))
+_pool: asyncpg.Pool | None = None
+_lock = asyncio.Lock()
+
+
+async def _record(job: joblane.Job) -> None:
+    global _pool
+    async with _lock:
+        if _pool is None:
+            _pool = await asyncpg.create_pool(app.dsn, min_size=1, max_size=4)
+    await _pool.execute(
+        f"INSERT INTO {quote_ident(app.schema)}.runs (job_id, attempt, pid) VALUES ($1, $2, $3)",
+        job.id, job.attempt, os.getpid(),
+    )
+
+
+@app.task("record")
+async def record(job: joblane.Job) -> None:
+    await _record(job)
+
+
+@app.task("sleepy", timeout=float(os.environ.get("TEST_TIMEOUT", "60")))
+async def sleepy(job: joblane.Job) -> dict:
+    await _record(job)
+    await asyncio.sleep(float(job.payload.get("seconds", 1.0)))
+    return {"slept": job.payload.get("seconds", 1.0)}

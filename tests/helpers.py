@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from joblane.queries import quote_ident
+
+RUNS_DDL = "CREATE TABLE {schema}.runs (job_id bigint NOT NULL, attempt int NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+
+
+def create_runs_table(conn, schema: str) -> None:
+    conn.execute(RUNS_DDL.replace("{schema}", quote_ident(schema)))
