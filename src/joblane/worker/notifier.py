@@ -14,8 +14,10 @@ log = logging.getLogger("joblane.worker")
 
 
 class Notifier:
-    def __init__(self, dsn: str, channel: str, queues: set[str], wake: Callable[[], None]):
+    def __init__(self, dsn: str, channel: str, queues: set[str], wake: Callable[[], None], *,
+                 application_name: str = "joblane listener"):
         self.dsn = dsn
+        self.application_name = application_name
         self.channel = channel
         self.queues = queues
         self.wake = wake
@@ -32,7 +34,7 @@ class Notifier:
         while not stopping.is_set():
             conn = None
             try:
-                conn = await asyncpg.connect(self.dsn)
+                conn = await asyncpg.connect(self.dsn, server_settings={"application_name": self.application_name})
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c: lost.set())
                 await conn.add_listener(self.channel, self._on_notify)

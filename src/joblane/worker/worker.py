@@ -90,6 +90,8 @@ class Worker:
         self.listen = listen
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stats: Counter[str] = Counter()
+        # shown in pg_stat_activity, so an operator can tell whose connection is whose
+        self.application_name = f"joblane worker {os.getpid()}"
 
         q = app.queries
         self._claim_sql = q.claim_jobs
@@ -130,7 +132,8 @@ class Worker:
         failures = 0
         while True:
             try:
-                pool = await asyncpg.create_pool(self.app.dsn, min_size=2, max_size=4)
+                pool = await asyncpg.create_pool(self.app.dsn, min_size=2, max_size=4,
+                                                 server_settings={"application_name": self.application_name})
                 async with pool.acquire() as conn:
                     await self._check_schema(conn)
                 return pool
@@ -304,7 +307,8 @@ class Worker:
         ]
         notifier = None
         if self.listen:
-            notifier = Notifier(self.app.dsn, self.app.channel, set(self.queues), self._wake.set)
+            notifier = Notifier(self.app.dsn, self.app.channel, set(self.queues), self._wake.set,
+                                application_name=self.application_name)
             background.append(asyncio.create_task(notifier.run(self._stopping), name="notifier"))
         self.started.set()
         try:

@@ -1,0 +1,160 @@
+"""Rescue, pruning, heartbeats, cancellation and retry: fabricated aftermaths and live workers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+import joblane
+from joblane.maintenance import Pruner, Rescuer
+from joblane.testing import drain
+from joblane.worker import Worker
+
+from .conftest import table
+
+
+def fabricate(conn, app, *, state="running", attempts=1, max_attempts=5, lease="- interval '1 minute'",
+              finished=None) -> int:
+    lease_sql = f"now() {lease}" if state == "running" else "NULL"
+    worker = "'dead-host:1'" if state == "running" else "NULL"
+    finished_sql = f"now() - interval '{finished}'" if finished else "NULL"
+    return conn.execute(
+        f"INSERT INTO {table(app, 'jobs')} (kind, state, attempts, max_attempts, lease_until, worker, finished_at)"
+        f" VALUES ('k', %s, %s, %s, {lease_sql}, {worker}, {finished_sql}) RETURNING id",
+        (state, attempts, max_attempts),
+    ).fetchone()[0]
+
+
+async def test_rescuer_returns_expired_leases_only(app, conn, joblane_dsn):
+    expired = fabricate(conn, app, attempts=1)
+    spent = fabricate(conn, app, attempts=5, max_attempts=5)
+    alive = fabricate(conn, app, lease="+ interval '1 minute'")
+    rescuer = Rescuer(app.queries, app.schema, interval=1)
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        rescued = dict(await rescuer.run_once(c))
+        assert rescued == {expired: "pending", spent: "failed"}
+        assert await rescuer.run_once(c) == []
+    finally:
+        await c.close()
+    rows = dict((r[0], r[1:]) for r in conn.execute(
+        f"SELECT id, state, lease_until IS NULL, worker, last_error FROM {table(app, 'jobs')}").fetchall())
+    assert rows[expired][:3] == ("pending", True, None)
+    assert "dead-host:1 was lost during attempt 1" in rows[expired][3]
+    assert rows[spent][0] == "failed"
+    assert rows[alive][0] == "running"
+    lost = conn.execute(f"SELECT job_id, attempt, outcome, worker FROM {table(app, 'attempts')} ORDER BY job_id").fetchall()
+    assert lost == [(expired, 1, "lost", "dead-host:1"), (spent, 5, "lost", "dead-host:1")]
+
+
+async def test_only_one_rescuer_works_at_a_time(app, conn, joblane_dsn):
+    fabricate(conn, app)
+    rescuer = Rescuer(app.queries, app.schema, interval=1)
+    a, b = await asyncpg.connect(joblane_dsn), await asyncpg.connect(joblane_dsn)
+    try:
+        async with a.transaction():
+            await a.fetchval(app.queries.try_service_lock, rescuer.lock)
+            assert await rescuer.run_once(b) is None  # a holds the lock
+        assert len(await rescuer.run_once(b)) == 1
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_pruner_deletes_old_finished_jobs_and_their_attempts(app, conn, joblane_dsn):
+    old_done = fabricate(conn, app, state="done", finished="8 days")
+    old_failed = fabricate(conn, app, state="failed", finished="8 days")
+    new_done = fabricate(conn, app, state="done", finished="1 hour")
+    pending = fabricate(conn, app, state="pending")
+    conn.execute(f"INSERT INTO {table(app, 'attempts')} (job_id, attempt, outcome) VALUES (%s, 1, 'done'), (%s, 1, 'done')",
+                 (old_done, new_done))
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        assert await Pruner(app.queries, app.schema, retention=7 * 86400).run_once(c) == [old_done]
+        left = {r[0] for r in conn.execute(f"SELECT id FROM {table(app, 'jobs')}").fetchall()}
+        assert left == {old_failed, new_done, pending}
+        assert conn.execute(f"SELECT job_id FROM {table(app, 'attempts')}").fetchall() == [(new_done,)]
+        assert await Pruner(app.queries, app.schema, retention=86400, prune_failed=True).run_once(c) == [old_failed]
+    finally:
+        await c.close()
+    with pytest.raises(ValueError):
+        Pruner(app.queries, app.schema, retention=-1)
+
+
+async def test_heartbeat_keeps_a_long_task_leased(app, conn):
+    """A task running three leases long is not rescued: its worker heartbeats."""
+
+    @app.task("long")
+    async def long(job):
+        await asyncio.sleep(3.5)
+        return "finished"
+
+    job_id = app.enqueue(conn, "long", {})
+    stats = await drain(app, lease_seconds=1.0, heartbeat_seconds=0.25, rescue_interval=0.2, timeout=20)
+    assert stats == {"done": 1}
+    assert conn.execute(f"SELECT state, attempts FROM {table(app, 'jobs')} WHERE id = %s", (job_id,)).fetchone() == ("done", 1)
+    assert conn.execute(f"SELECT count(*) FROM {table(app, 'attempts')} WHERE outcome = 'lost'").fetchone()[0] == 0
+
+
+async def test_cancelling_a_running_job_stops_its_task(app, conn):
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    @app.task("forever")
+    async def forever(job):
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    job_id = app.enqueue(conn, "forever", {})
+    worker = Worker(app, lease_seconds=2, heartbeat_seconds=0.2, listen=False, poll_interval=0.05)
+    runner = asyncio.create_task(worker.run(install_signals=False))
+    await asyncio.wait_for(started.wait(), 10)
+    assert await asyncio.to_thread(app.cancel, ids=[job_id], reason="not needed any more") == [job_id]
+    await asyncio.wait_for(stopped.wait(), 5)
+    worker.request_stop()
+    await runner
+    state, last_error = conn.execute(f"SELECT state, last_error FROM {table(app, 'jobs')} WHERE id = %s", (job_id,)).fetchone()
+    assert (state, last_error) == ("cancelled", "not needed any more")
+
+
+async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_dsn):
+    """A worker whose job was rescued and re-claimed elsewhere cannot overwrite it."""
+    job_id = app.enqueue(conn, "k", {})
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        [row] = await c.fetch(app.queries.claim_jobs, ["default"], 1, "slow-worker", 30.0)
+        conn.execute(f"UPDATE {table(app, 'jobs')} SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
+        await Rescuer(app.queries, app.schema, interval=1).run_once(c)
+        [again] = await c.fetch(app.queries.claim_jobs, ["default"], 1, "other-worker", 30.0)
+        assert again["id"] == job_id and again["attempts"] == 2
+        applied = await c.fetch(app.queries.complete_jobs, [job_id], [1], ["done"], ["done"], [None], [0.0], [0],
+                                [None], [None], [None], [None], "slow-worker")
+        assert applied == []
+    finally:
+        await c.close()
+    assert conn.execute(f"SELECT state, worker FROM {table(app, 'jobs')} WHERE id = %s", (job_id,)).fetchone() == (
+        "running", "other-worker")
+
+
+async def test_retry_and_cancel_admin_calls(app, conn):
+    @app.task("boom", max_attempts=1)
+    async def boom(job):
+        raise RuntimeError("nope")
+
+    failed = [app.enqueue(conn, "boom", {"i": i}) for i in range(3)]
+    pending = app.enqueue(conn, "other", {}, queue="elsewhere")
+    await drain(app)
+    assert app.retry(ids=[failed[0], pending]) == [failed[0]]
+    row = conn.execute(f"SELECT state, attempts, max_attempts, finished_at FROM {table(app, 'jobs')} WHERE id = %s",
+                       (failed[0],)).fetchone()
+    assert row == ("pending", 1, 2, None)  # the budget grows so the retry can run
+    assert app.retry(kind="boom") == failed[1:]
+    assert app.cancel(ids=[pending, failed[1], 999_999]) == [failed[1], pending]
+    assert app.job_states([pending, 999_999]) == {pending: "cancelled"}
+    with pytest.raises(joblane.JoblaneError):
+        app.retry()
