@@ -57,7 +57,7 @@ UPDATE {schema}.jobs AS j
    SET state = 'pending', run_after = now(), finished_at = NULL,
        max_attempts = greatest(j.max_attempts, j.attempts + 1)
   FROM target
- WHERE j.id = target.id
+ WHERE j.id = ANY(ARRAY(SELECT id FROM target)) AND j.id = target.id
 RETURNING j.id;
 
 -- name: cancel_jobs
@@ -72,7 +72,7 @@ WITH target AS (
        SET state = 'cancelled', finished_at = now(), lease_until = NULL, worker = NULL,
            last_error = coalesce($2, 'cancelled')
       FROM target
-     WHERE j.id = target.id
+     WHERE j.id = ANY(ARRAY(SELECT id FROM target)) AND j.id = target.id
  RETURNING j.id, target.was, j.attempts
 ), audit AS (
     INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error)

@@ -53,6 +53,9 @@ SELECT id, (SELECT count(*) FROM notified) AS notified FROM inserted;
 -- of waiting jobs; a single "queue = ANY(...)" scan would have to sort them all.
 -- The CTE is evaluated exactly once, so the rows locked are the rows updated.
 -- Rows locked by the probes but cut by the outer LIMIT are released at commit.
+-- The update finds its rows through "id = ANY(ARRAY(...))", an index scan on
+-- the primary key; joining the CTE instead lets the planner hash the whole
+-- table (a sequential scan per claim once the table is large).
 WITH picked AS (
     SELECT ready.id
       FROM unnest($1::text[]) AS q(name)
@@ -72,8 +75,7 @@ UPDATE {schema}.jobs AS j
        attempts = j.attempts + 1,
        worker = $3,
        lease_until = now() + make_interval(secs => $4::float8)
-  FROM picked
- WHERE j.id = picked.id
+ WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.attempts, j.max_attempts,
           j.priority, j.created_at, j.replay_of;
 
@@ -101,7 +103,9 @@ WITH outcome AS (
            worker = NULL,
            finished_at = CASE WHEN o.state IN ('done', 'failed', 'cancelled') THEN now() END
       FROM outcome AS o
-     WHERE j.id = o.id AND j.state = 'running' AND j.attempts = o.attempt AND j.worker = $12
+     -- "j.id = ANY($1)" gives the planner a primary-key path to the rows
+     WHERE j.id = ANY($1::bigint[]) AND j.id = o.id
+       AND j.state = 'running' AND j.attempts = o.attempt AND j.worker = $12
  RETURNING j.id
 ), audit AS (
     INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, finished_at, outcome, error, meta)
@@ -137,7 +141,7 @@ WITH lost AS (
            run_after = now(),
            finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END
       FROM lost
-     WHERE j.id = lost.id
+     WHERE j.id = ANY(ARRAY(SELECT id FROM lost)) AND j.id = lost.id
  RETURNING j.id, j.state, j.attempts, lost.worker, j.last_error
 ), audit AS (
     INSERT INTO {schema}.attempts (job_id, attempt, worker, outcome, error)

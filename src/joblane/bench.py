@@ -1,0 +1,228 @@
+"""`joblane bench`: joblane's side of the benchmark workloads (../benchmarks compares with peers).
+
+Workloads (as in the peers' figures):
+  a  enqueue N jobs, one transaction each, one client
+  b  bulk enqueue N jobs through enqueue_many, 1,000 per call
+  c  process N pre-filled no-op jobs with one worker, timed from worker start
+     until a separate connection sees no unfinished job
+  d  latency: an idle worker; jobs enqueued one at a time 10 ms apart;
+     enqueue-to-handler-start p50/p99
+Each run uses a fresh schema, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psycopg
+
+from .app import App
+from .queries import quote_ident
+from .testing import isolated_schema, new_schema_name
+from .types import JobSpec
+
+
+@dataclass
+class Result:
+    workload: str
+    settings: str
+    value: float
+    unit: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"system": "joblane", "workload": self.workload, "settings": self.settings,
+                "value": round(self.value, 2), "unit": self.unit, **self.extra}
+
+
+def _bench_app(dsn: str, schema: str) -> App:
+    app = App(dsn, schema=schema)
+
+    @app.task("noop")
+    async def noop(job):
+        return None
+
+    return app
+
+
+def enqueue_single(dsn: str, jobs: int = 5000, *, autocommit: bool = True) -> Result:
+    with isolated_schema(dsn, new_schema_name("bench")) as schema:
+        app = _bench_app(dsn, schema)
+        with psycopg.connect(dsn, autocommit=autocommit) as conn:
+            started = time.perf_counter()
+            for i in range(jobs):
+                if autocommit:
+                    app.enqueue(conn, "noop", {"i": i})
+                else:
+                    with conn.transaction():
+                        app.enqueue(conn, "noop", {"i": i})
+            elapsed = time.perf_counter() - started
+    return Result("a", "autocommit" if autocommit else "explicit transaction", jobs / elapsed, "jobs/s")
+
+
+def enqueue_bulk(dsn: str, jobs: int = 50_000, per_call: int = 1000) -> Result:
+    with isolated_schema(dsn, new_schema_name("bench")) as schema:
+        app = _bench_app(dsn, schema)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            started = time.perf_counter()
+            for start in range(0, jobs, per_call):
+                app.enqueue_many(conn, [JobSpec("noop", {"i": i}) for i in range(start, min(jobs, start + per_call))])
+            elapsed = time.perf_counter() - started
+    return Result("b", f"{per_call} per call", jobs / elapsed, "jobs/s")
+
+
+def _prefill(app: App, jobs: int) -> None:
+    with psycopg.connect(app.dsn, autocommit=True) as conn:
+        for start in range(0, jobs, 5000):
+            app.enqueue_many(conn, [JobSpec("noop", {"i": i}) for i in range(start, min(jobs, start + 5000))])
+        conn.execute(f"ANALYZE {quote_ident(app.schema)}.jobs")
+
+
+def _unfinished_watch(app: App, done: threading.Event, finished_at: list[float]) -> None:
+    sql = f"SELECT EXISTS (SELECT 1 FROM {quote_ident(app.schema)}.jobs WHERE state IN ('pending', 'running'))"
+    with psycopg.connect(app.dsn, autocommit=True) as conn:
+        while not done.is_set():
+            if not conn.execute(sql).fetchone()[0]:
+                finished_at.append(time.perf_counter())
+                return
+            time.sleep(0.02)
+
+
+def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch: int | None = None,
+            waiting: int = 0, label: str | None = None, **worker_options: Any) -> Result:
+    """Workload c (and f, with ``waiting`` extra jobs parked in another queue... no: ready behind them)."""
+    from .worker import Worker
+
+    with isolated_schema(dsn, new_schema_name("bench")) as schema:
+        app = _bench_app(dsn, schema)
+        _prefill(app, jobs + waiting)
+        if waiting:
+            # f: the extra jobs wait in the same queue but later (run_after in the future),
+            # so the claim walks past nothing and the table and index are big.
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    f"UPDATE {quote_ident(schema)}.jobs SET run_after = now() + interval '1 day'"
+                    f" WHERE id IN (SELECT id FROM {quote_ident(schema)}.jobs ORDER BY id DESC LIMIT %s)", (waiting,))
+                conn.execute(f"VACUUM ANALYZE {quote_ident(schema)}.jobs")
+
+        async def run() -> tuple[float, float]:
+            worker = Worker(app, concurrency=concurrency, claim_batch=claim_batch, **worker_options)
+            done = threading.Event()
+            finished: list[float] = []
+            started = time.perf_counter()
+            if waiting:
+                watch_sql = (f"SELECT EXISTS (SELECT 1 FROM {quote_ident(schema)}.jobs"
+                             " WHERE state = 'running' OR (state = 'pending' AND run_after <= now()))")
+                watcher = threading.Thread(target=_watch_sql, args=(app.dsn, watch_sql, done, finished), daemon=True)
+            else:
+                watcher = threading.Thread(target=_unfinished_watch, args=(app, done, finished), daemon=True)
+            runner = asyncio.create_task(worker.run(install_signals=False))
+            watcher.start()
+            while not finished and not runner.done():
+                await asyncio.sleep(0.01)
+            worker.request_stop()
+            done.set()
+            await runner
+            return started, finished[0]
+
+        started, ended = asyncio.run(run())
+    name = "f" if waiting else "c"
+    settings = label or f"concurrency {concurrency}, claim {claim_batch or concurrency}"
+    if waiting:
+        settings += f", {waiting:,} waiting"
+    return Result(name, settings, jobs / (ended - started), "jobs/s")
+
+
+def _watch_sql(dsn: str, sql: str, done: threading.Event, finished_at: list[float]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while not done.is_set():
+            if not conn.execute(sql).fetchone()[0]:
+                finished_at.append(time.perf_counter())
+                return
+            time.sleep(0.02)
+
+
+def latency(dsn: str, jobs: int = 500, gap: float = 0.010) -> Result:
+    from .worker import Worker
+
+    with isolated_schema(dsn, new_schema_name("bench")) as schema:
+        app = App(dsn, schema=schema)
+        delays: list[float] = []
+
+        @app.task("stamp")
+        async def stamp(job):
+            delays.append(time.time() - job.payload["t"])
+
+        async def run() -> None:
+            worker = Worker(app, concurrency=10)
+            runner = asyncio.create_task(worker.run(install_signals=False))
+            await worker.started.wait()
+            await asyncio.sleep(0.5)  # idle, listening
+
+            def produce() -> None:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    for _ in range(jobs):
+                        app.enqueue(conn, "stamp", {"t": time.time()})
+                        time.sleep(gap)
+
+            await asyncio.to_thread(produce)
+            deadline = time.monotonic() + 10
+            while len(delays) < jobs and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            worker.request_stop()
+            await runner
+
+        asyncio.run(run())
+    ms = sorted(d * 1000 for d in delays)
+    p50 = statistics.median(ms)
+    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+    return Result("d", f"{jobs} jobs {gap * 1000:.0f} ms apart", p50, "ms p50", {"p50_ms": round(p50, 2),
+                                                                                 "p99_ms": round(p99, 2)})
+
+
+def concurrent_enqueue(dsn: str, writers: int = 8, jobs_each: int = 1000, *, notify: bool = True) -> Result:
+    """g: ``writers`` threads, each its own connection, one job per transaction."""
+    with isolated_schema(dsn, new_schema_name("bench")) as schema:
+        app = _bench_app(dsn, schema)
+        app.notify = notify
+        barrier = threading.Barrier(writers + 1)
+
+        def write() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                barrier.wait()
+                for i in range(jobs_each):
+                    app.enqueue(conn, "noop", {"i": i})
+
+        threads = [threading.Thread(target=write) for _ in range(writers)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        started = time.perf_counter()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - started
+    return Result("g", f"{writers} writers, notify {'on' if notify else 'off'}", writers * jobs_each / elapsed, "jobs/s")
+
+
+WORKLOADS: dict[str, Callable[..., list[Result]]] = {
+    "a": lambda dsn, scale: [enqueue_single(dsn, int(5000 * scale))],
+    "b": lambda dsn, scale: [enqueue_bulk(dsn, int(50_000 * scale))],
+    "c": lambda dsn, scale: [
+        process(dsn, int(20_000 * scale), concurrency=10, label="defaults (concurrency 10)"),
+        process(dsn, int(20_000 * scale), concurrency=400, claim_batch=200, label="best (400 in flight, claim 200)"),
+    ],
+    "d": lambda dsn, scale: [latency(dsn, max(50, int(500 * scale)))],
+    "f": lambda dsn, scale: [
+        process(dsn, int(20_000 * scale), concurrency=400, claim_batch=200, waiting=int(10_000 * scale),
+                label="best"),
+        process(dsn, int(20_000 * scale), concurrency=400, claim_batch=200, waiting=int(1_000_000 * scale),
+                label="best"),
+    ],
+    "g": lambda dsn, scale: [concurrent_enqueue(dsn, 8, int(1000 * scale), notify=True),
+                             concurrent_enqueue(dsn, 8, int(1000 * scale), notify=False)],
+}
