@@ -65,17 +65,66 @@ def _check_text(what: str, value: Any, limit: int) -> str:
     return value
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+# A real \u0000 escape in JSON text: preceded by an even number of backslashes
+# (the text "\\u0000", an escaped backslash then "u0000", is fine).
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """True when ASCII JSON text holds a lone surrogate escape (``\\ud800``), which jsonb refuses."""
+    if "\\ud" not in text:
+        return False
+    try:
+        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def check_json_text(what: str, text: str) -> str:
+    """Refuse JSON text PostgreSQL would reject mid-transaction: a NUL or a lone surrogate."""
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise JoblaneError(f"{what} contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+    if has_lone_surrogate(text):
+        raise JoblaneError(f"{what} contains a lone surrogate (\\ud800-\\udfff), which PostgreSQL jsonb cannot store")
+    return text
+
+
 def to_json(what: str, value: Any, limit: int | None = None) -> str:
     """Serialise ``value`` for a jsonb column, with one-line errors for what PostgreSQL would refuse."""
     try:
-        text = json.dumps({} if value is None else value, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode({} if value is None else value)
     except (TypeError, ValueError) as exc:
         raise JoblaneError(f"{what} is not JSON-serialisable: {exc}") from None
-    if "\\u0000" in text:
-        raise JoblaneError(f"{what} contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+    check_json_text(what, text)
     if limit is not None and len(text) > limit:
         raise JoblaneError(f"{what} is {len(text)} bytes as JSON; the limit is {limit} (App(max_payload_bytes=...))")
     return text
+
+
+_ROW = ('{"queue":%s,"kind":%s,"payload":%s,"priority":%d,"max_attempts":%d,'
+        '"run_after":%s,"delay":%r,"unique_key":%s,"state":"%s"}')
+
+
+def _rows_document(columns: list[list[Any]]) -> str:
+    """The JSON array enqueue_many sends: one object per validated job (payloads are already JSON)."""
+    encode = _ENCODER.encode
+    names: dict[str, str] = {}
+
+    def name(value: str) -> str:
+        found = names.get(value)
+        if found is None:
+            found = names[value] = encode(value)
+        return found
+
+    parts = [
+        _ROW % (name(queue), name(kind), body, priority, max_attempts,
+                "null" if run_after is None else '"' + run_after.isoformat() + '"', float(delay),
+                "null" if unique_key is None else encode(unique_key), state)
+        for queue, kind, body, priority, max_attempts, run_after, delay, unique_key, state in zip(*columns)
+    ]
+    return "[" + ",".join(parts) + "]"
 
 
 class App:
@@ -113,8 +162,10 @@ class App:
         self.max_payload_bytes = max_payload_bytes
         self.notify = notify
         self.tasks: dict[str, Task] = {}
+        self.periodic_tasks: dict[str, Any] = {}  # schedule name -> periodic.Schedule
         self.queries: Queries = for_schema(self.schema)
         self.channel = f"{self.schema}_jobs"
+        self.routes: list[Any] = []  # outbox routes (joblane.outbox.routes.Route), longest prefix wins
 
     # -- configuration ----------------------------------------------------
 
@@ -172,6 +223,21 @@ class App:
     def queues(self) -> list[str]:
         """The queues the registered tasks live in."""
         return sorted({t.queue for t in self.tasks.values()}) or [self.default_queue]
+
+    def periodic(self, cron: str, *, kind: str | None = None, name: str | None = None, payload: dict | None = None,
+                 queue: str | None = None, priority: int | None = None, max_attempts: int | None = None,
+                 timezone: Any = None, **task_options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Enqueue a task at each tick of ``cron``: ``@app.periodic(cron="*/5 * * * *", kind="sync_crm")``.
+
+        Registers the task too (unless ``@app.task`` already did). Every
+        worker runs the scheduler; each tick is enqueued once across all of
+        them, with ``payload`` plus ``"tick"`` (ISO 8601). Six fields put
+        seconds last. Missed ticks: see ``joblane.periodic``.
+        """
+        from .periodic import register
+
+        return register(self, cron, kind=kind, name=name, payload=payload, queue=queue, priority=priority,
+                        max_attempts=max_attempts, timezone=timezone, **task_options)
 
     # -- enqueue ----------------------------------------------------------
 
@@ -272,27 +338,66 @@ class App:
         return (await store.fetch_async(conn, self.queries.unfinished_by_unique_key, [unique_key]))[0][0]
 
     def _many_chunks(self, jobs: Iterable[JobSpec | dict | tuple]) -> Iterable[tuple[list[list[Any]], bool]]:
+        """Validate and columnise jobs, ENQUEUE_CHUNK at a time.
+
+        The per-kind defaults (queue, priority, max_attempts) are resolved
+        and validated once per kind; each job then costs one JSON encode and
+        the checks of the options it sets itself.
+        """
+        defaults: dict[tuple[str, str | None], tuple[str, int, int]] = {}
+        encode = _ENCODER.encode
+        limit = self.max_payload_bytes
         columns: list[list[Any]] = [[] for _ in range(9)]
+        queue_col, kind_col, body_col, prio_col, max_col, after_col, delay_col, key_col, state_col = columns
         notify = False
         for spec in jobs:
-            if isinstance(spec, dict):
-                spec = JobSpec(**spec)
-            elif isinstance(spec, tuple):
-                spec = JobSpec(*spec)
-            elif not isinstance(spec, JobSpec):
-                raise JoblaneError(f"enqueue_many takes JobSpec, dict or (kind, payload) tuples, got {type(spec).__name__}")
-            args, ready = self._enqueue_args(
-                spec.kind, spec.payload, queue=spec.queue, priority=spec.priority, run_after=spec.run_after,
-                delay=spec.delay, max_attempts=spec.max_attempts, unique_key=spec.unique_key, held=spec.held,
-            )
-            notify = notify or ready
-            for column, value in zip(columns, args):
-                column.append(value)
-            if len(columns[0]) >= ENQUEUE_CHUNK:
+            if type(spec) is not JobSpec:
+                if isinstance(spec, dict):
+                    spec = JobSpec(**spec)
+                elif isinstance(spec, tuple):
+                    spec = JobSpec(*spec)
+                elif not isinstance(spec, JobSpec):
+                    raise JoblaneError(
+                        f"enqueue_many takes JobSpec, dict or (kind, payload) tuples, got {type(spec).__name__}")
+            simple = (spec.run_after is None and spec.delay is None and spec.unique_key is None
+                      and spec.priority is None and spec.max_attempts is None and not spec.held)
+            resolved = defaults.get((spec.kind, spec.queue)) if simple else None
+            if resolved is None:
+                # first job of this kind, or one with its own options: the full checks
+                args, ready = self._enqueue_args(
+                    spec.kind, spec.payload, queue=spec.queue, priority=spec.priority, run_after=spec.run_after,
+                    delay=spec.delay, max_attempts=spec.max_attempts, unique_key=spec.unique_key, held=spec.held,
+                )
+                if simple:
+                    defaults[(spec.kind, spec.queue)] = (args[0], args[3], args[4])
+                notify = notify or ready
+                for column, value in zip(columns, args):
+                    column.append(value)
+            else:
+                try:
+                    body = encode({} if spec.payload is None else spec.payload)
+                except (TypeError, ValueError) as exc:
+                    raise JoblaneError(f"payload is not JSON-serialisable: {exc}") from None
+                check_json_text("payload", body)
+                if limit is not None and len(body) > limit:
+                    raise JoblaneError(
+                        f"payload is {len(body)} bytes as JSON; the limit is {limit} (App(max_payload_bytes=...))")
+                queue_col.append(resolved[0])
+                kind_col.append(spec.kind)
+                body_col.append(body)
+                prio_col.append(resolved[1])
+                max_col.append(resolved[2])
+                after_col.append(None)
+                delay_col.append(0.0)
+                key_col.append(None)
+                state_col.append(PENDING)
+                notify = notify or self.notify
+            if len(queue_col) >= ENQUEUE_CHUNK:
                 yield columns, notify
                 columns = [[] for _ in range(9)]
+                queue_col, kind_col, body_col, prio_col, max_col, after_col, delay_col, key_col, state_col = columns
                 notify = False
-        if columns[0]:
+        if queue_col:
             yield columns, notify
 
     def enqueue_many(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
@@ -304,7 +409,7 @@ class App:
         """
         ids: list[int] = []
         for columns, notify in self._many_chunks(jobs):
-            rows = store.fetch(conn, self.queries.enqueue_many, [*columns, notify, self.channel])
+            rows = store.fetch(conn, self.queries.enqueue_many, [_rows_document(columns), notify, self.channel])
             ids.extend(r[0] for r in rows)
         return ids
 
@@ -312,9 +417,62 @@ class App:
         """``enqueue_many`` on a psycopg AsyncConnection or an asyncpg connection."""
         ids: list[int] = []
         for columns, notify in self._many_chunks(jobs):
-            rows = await store.fetch_async(conn, self.queries.enqueue_many, [*columns, notify, self.channel])
+            rows = await store.fetch_async(conn, self.queries.enqueue_many,
+                                           [_rows_document(columns), notify, self.channel])
             ids.extend(r[0] for r in rows)
         return ids
+
+    # -- outbox and inbox (joblane.outbox) ----------------------------------
+
+    def publish(self, conn: Any, topic: str, payload: Any = None, *, key: str | None = None,
+                idempotency_key: str | None = None, headers: dict[str, str] | None = None) -> int:
+        """Write an outbox message on ``conn`` (psycopg 3), inside the caller's transaction; returns its id.
+
+        Commit and a relay delivers it; roll back and it never existed. The
+        destination receives ``idempotency_key`` (default ``outbox:<id>``) in
+        its own dedup field. Rows with the same ``key`` go out in order on a
+        route declared ``ordered=True``.
+        """
+        from .outbox.publish import publish
+
+        return publish(self, conn, topic, payload, key=key, idempotency_key=idempotency_key, headers=headers)
+
+    async def publish_async(self, conn: Any, topic: str, payload: Any = None, *, key: str | None = None,
+                            idempotency_key: str | None = None, headers: dict[str, str] | None = None) -> int:
+        """``publish`` on a psycopg AsyncConnection or an asyncpg connection."""
+        from .outbox.publish import publish_async
+
+        return await publish_async(self, conn, topic, payload, key=key, idempotency_key=idempotency_key,
+                                   headers=headers)
+
+    def route(self, topic_prefix: str, sink: Any, *, ordered: bool = False, max_attempts: int = 25,
+              backoff: float | Callable[[int], float] | None = None) -> Any:
+        """Deliver the topics starting with ``topic_prefix`` through ``sink`` (``joblane relay``).
+
+        The longest matching prefix wins; ``""`` matches every topic. With
+        ``ordered=True`` a row waits while an earlier row of its key is unsent.
+        After ``max_attempts`` tries a row is ``failed``.
+        """
+        from .outbox.routes import make_route
+
+        return make_route(self.routes, topic_prefix, sink, ordered=ordered, max_attempts=max_attempts,
+                          backoff=backoff)
+
+    def inbox(self, conn: Any, key: str) -> bool:
+        """Record ``key`` as received in the caller's transaction: True the first time, False on a repeat.
+
+        Never raises on a repeat, so the caller's transaction stays usable;
+        commit it together with the effect of the message.
+        """
+        from .outbox.publish import inbox
+
+        return inbox(self, conn, key)
+
+    async def inbox_async(self, conn: Any, key: str) -> bool:
+        """``inbox`` on a psycopg AsyncConnection or an asyncpg connection."""
+        from .outbox.publish import inbox_async
+
+        return await inbox_async(self, conn, key)
 
     # -- schema and admin -------------------------------------------------
 
