@@ -14,6 +14,7 @@ from typing import Any, Callable
 import click
 import psycopg
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .app import App
@@ -28,7 +29,8 @@ class Fail(click.ClickException):
     """A one-line error with exit code 1."""
 
     def show(self, file=None) -> None:  # noqa: ARG002 - click's signature
-        err_console.print(f"[red]error:[/red] {self.message}", highlight=False, markup=True)
+        # the message is text, not markup; soft_wrap keeps it on one line at any terminal width
+        err_console.print(f"[red]error:[/red] {escape(self.message)}", highlight=False, markup=True, soft_wrap=True)
 
 
 def load_app(spec: str) -> App:
@@ -41,6 +43,8 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise Fail(f"cannot import {module_name!r}: {exc}") from None
+    except JoblaneError as exc:  # e.g. App() refusing JOBLANE_SCHEMA while the module loads
+        raise Fail(f"cannot load {spec!r}: {exc}") from None
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise Fail(f"{spec!r} is not a joblane.App (found {type(app).__name__})")
@@ -55,7 +59,7 @@ def _app(ctx: click.Context, spec: str | None = None) -> App:
         return app
     try:
         return App(ctx.obj["dsn"], schema=ctx.obj["schema"])
-    except ValueError as exc:
+    except (ValueError, JoblaneError) as exc:
         raise Fail(str(exc)) from None
 
 
@@ -144,6 +148,8 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @click.option("--grace", "grace_seconds", default=30.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds running tasks get to finish after SIGTERM.")
 @click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction pooling).")
+@click.option("--connect-timeout", default=60.0, show_default=True, type=click.FloatRange(0, 86400),
+              help="Seconds a starting worker waits for an unreachable database before it exits.")
 @click.option("--retention", "retention_seconds", default=7 * 86400.0, show_default=True, type=click.FloatRange(0),
               help="Prune done/cancelled jobs older than this many seconds.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -151,7 +157,7 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, claim_batch: int | None,
            poll_interval: float, lease_seconds: float | None, grace_seconds: float, no_listen: bool,
-           retention_seconds: float, log_format: str, verbose: bool) -> None:
+           retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float) -> None:
     """Run the tasks of APP (module:attribute naming a joblane.App)."""
     from .worker import Worker
 
@@ -159,7 +165,8 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
     _setup_logging(log_format, verbose)
     w = _run(lambda: Worker(app, queues=list(queues) or None, concurrency=concurrency, claim_batch=claim_batch,
                             poll_interval=poll_interval, lease_seconds=lease_seconds, grace_seconds=grace_seconds,
-                            listen=not no_listen, retention_seconds=retention_seconds))
+                            listen=not no_listen, retention_seconds=retention_seconds,
+                            connect_timeout=connect_timeout))
     _run(lambda: asyncio.run(w.run()))
 
 
@@ -321,6 +328,19 @@ def cancel(ctx: click.Context, job_ids, reason, as_json) -> None:
     done = _run(lambda: app.cancel(ids=ids, reason=reason))
     _report("cancelled", ids, done, app, as_json)
 
+
+from .web.command import dashboard  # noqa: E402 - registered last, after the helpers it uses
+
+main.add_command(dashboard)
+
+from .outbox.cli import outbox, relay  # noqa: E402 - registered last, after the helpers it uses
+
+main.add_command(relay)
+main.add_command(outbox)
+
+from .grants import grants  # noqa: E402 - registered last, after the helpers it uses
+
+main.add_command(grants)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -9,7 +9,7 @@ import traceback
 from concurrent.futures import Executor
 from typing import Any
 
-from ..app import Task
+from ..app import _MAX_DELAY, _NUL_ESCAPE, JoblaneError, Task, check_json_text, has_lone_surrogate
 from ..errors import Hold, PermanentError, RetryAfter
 from ..types import (
     DONE,
@@ -29,22 +29,57 @@ ERROR_LIMIT = 4000
 
 
 def describe(exc: BaseException) -> str:
-    """One line for last_error: the exception type and message, NUL-free and bounded."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    """One line for last_error: the exception type and message, NUL-free, valid UTF-8 and bounded."""
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the outcome
+        message = "(message could not be read)"
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    # lone surrogates (bytes decoded with surrogateescape) cannot be sent as UTF-8
+    text = text.encode("utf-8", "replace").decode("utf-8")
     return text.replace("\x00", "\\0").replace("\n", " ")[:ERROR_LIMIT]
 
 
 def _json_or_none(value: Any) -> str | None:
+    """JSON for metadata and hold data that PostgreSQL always accepts.
+
+    One outcome that jsonb refuses would fail the whole completion batch on
+    every retry, so what it cannot store is replaced instead: NaN and
+    infinities by null, NUL by "\\0", lone surrogates by "?".
+    """
     if value is None:
         return None
-    return json.dumps(value, default=str, separators=(",", ":")).replace("\\u0000", "\\\\0")
+    try:
+        text = json.dumps(value, default=str, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        try:
+            text = json.dumps(json.loads(json.dumps(value, default=str), parse_constant=lambda _: None),
+                              separators=(",", ":"))
+        except (TypeError, ValueError):  # circular or odd keys: keep a readable trace of it
+            text = json.dumps(repr(value))
+    text = _NUL_ESCAPE.sub(r"\1\\\\0", text)
+    if has_lone_surrogate(text):
+        text = json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def _bounded(seconds: Any) -> float:
+    """A delay PostgreSQL can add to now() (a backoff or RetryAfter may say NaN, inf or 1e300)."""
+    try:
+        seconds = float(seconds)
+    except (TypeError, ValueError):
+        return 0.0
+    if seconds != seconds or seconds < 0:
+        return 0.0
+    return min(seconds, _MAX_DELAY)
 
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outcome:
+async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outcome:  # noqa: C901
     """Run ``job`` with ``task`` and return its outcome.
 
     ``asyncio.CancelledError`` propagates: the worker decides whether a
@@ -75,8 +110,10 @@ async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outc
                 result = json.dumps(value, allow_nan=False, separators=(",", ":"))
             except (TypeError, ValueError) as exc:
                 raise PermanentError(f"task returned a value that is not JSON-serialisable: {exc}") from None
-            if "\\u0000" in result:
-                raise PermanentError("task returned a value with a NUL character, which jsonb cannot store")
+            try:
+                check_json_text("the task's return value", result)
+            except JoblaneError as exc:
+                raise PermanentError(str(exc)) from None
         return _outcome(job, DONE, OUTCOME_DONE, started, result=result)
     except asyncio.CancelledError:
         raise
@@ -84,8 +121,11 @@ async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outc
         meta_extra["retry_after"] = exc.seconds
         if exc.pause_queue:
             meta_extra["pause_queue"] = True
-        return _outcome(job, PENDING, OUTCOME_SNOOZED, started, error=describe(exc), delay=exc.seconds,
-                        refund=1, extra=meta_extra)
+        snoozed = _outcome(job, PENDING, OUTCOME_SNOOZED, started, error=describe(exc), delay=exc.seconds,
+                           refund=1, extra=meta_extra)
+        if exc.pause_queue:
+            snoozed.pause = _bounded(exc.seconds)
+        return snoozed
     except Hold as exc:
         if exc.data is not None:
             meta_extra["hold_data"] = exc.data
@@ -119,7 +159,7 @@ def _outcome(job: Job, state: str, outcome: str, started: dt.datetime, *, error:
         state=state,
         outcome=outcome,
         error=error,
-        delay=float(delay),
+        delay=_bounded(delay),
         refund=refund,
         result=result,
         started_at=started,

@@ -26,6 +26,7 @@ from ..errors import JoblaneError, SchemaVersionError
 from ..maintenance import Pruner, Rescuer
 from ..migrations import latest_version
 from ..queries import quote_ident
+from ..ratelimit import Limiter
 from ..types import Job, Outcome
 from .batcher import Batcher
 from .executor import execute, give_back, now
@@ -54,6 +55,7 @@ class Worker:
         queues: list[str] | None = None,
         concurrency: int = 10,
         claim_batch: int | None = None,
+        prefetch: int | None = None,
         poll_interval: float = 1.0,
         lease_seconds: float | None = None,
         heartbeat_seconds: float | None = None,
@@ -66,6 +68,7 @@ class Worker:
         prune_failed: bool = False,
         prune_interval: float = 60.0,
         name: str | None = None,
+        connect_timeout: float = 60.0,
     ):
         if concurrency < 1:
             raise JoblaneError("concurrency must be at least 1")
@@ -73,6 +76,10 @@ class Worker:
             raise JoblaneError("poll_interval must be positive")
         if grace_seconds < 0:
             raise JoblaneError("grace_seconds must be >= 0")
+        if not connect_timeout >= 0:
+            raise JoblaneError("connect_timeout must be >= 0")
+        # how long a starting worker waits for an unreachable database before it exits
+        self.connect_timeout = float(connect_timeout)
         self.app = app
         self.queues = [q for q in (queues or app.queues())]
         for q in self.queues:
@@ -80,6 +87,13 @@ class Worker:
 
             _check_queue(q)
         self.concurrency = concurrency
+        # Jobs claimed ahead of free slots wait (leased, heartbeated) for one, so
+        # the next claim's round trip overlaps the running tasks. Given back on
+        # shutdown without spending an attempt.
+        self.prefetch = concurrency if prefetch is None else prefetch
+        if self.prefetch < 0:
+            raise JoblaneError("prefetch must be >= 0")
+        self.capacity = concurrency + self.prefetch
         self.claim_batch = max(1, claim_batch or concurrency)
         self.poll_interval = poll_interval
         self.lease_seconds = float(lease_seconds or app.lease_seconds)
@@ -109,10 +123,12 @@ class Worker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._slot = asyncio.Event()
+        self._run_slots = asyncio.Semaphore(concurrency)
         self._signals = 0
         self._pool: asyncpg.Pool | None = None
         self._threads: ThreadPoolExecutor | None = None
         self.started = asyncio.Event()
+        self.limiter = Limiter(app, self.queues, wake=self._wake.set)  # queue limits and pauses
 
     # -- public control ---------------------------------------------------
 
@@ -130,6 +146,7 @@ class Worker:
 
     async def _connect(self) -> asyncpg.Pool:
         failures = 0
+        deadline = asyncio.get_running_loop().time() + self.connect_timeout
         while True:
             try:
                 pool = await asyncpg.create_pool(self.app.dsn, min_size=2, max_size=4,
@@ -143,11 +160,17 @@ class Worker:
                 raise JoblaneError(f"cannot use the database: {_first_line(exc)}") from None
             except asyncpg.InvalidAuthorizationSpecificationError as exc:
                 raise JoblaneError(f"cannot log in to the database: {_first_line(exc)}") from None
+            except asyncpg.ClientConfigurationError as exc:  # a malformed URL: retrying cannot help
+                raise JoblaneError(f"invalid database URL: {_first_line(exc)}") from None
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError) as exc:
                 failures += 1
                 if self._stopping.is_set():
                     raise JoblaneError(f"stopped before the database answered: {_first_line(exc)}") from None
-                delay = min(5.0, 0.2 * 2 ** min(failures, 5))
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise JoblaneError(f"cannot reach the database after {self.connect_timeout:g}s"
+                                       f" ({_first_line(exc)}): is DATABASE_URL right and the server up?") from None
+                delay = min(5.0, 0.2 * 2 ** min(failures, 5), left)
                 log.warning("database not reachable (%s); retrying in %.1fs", _first_line(exc), delay)
                 await self._sleep(delay)
 
@@ -164,6 +187,8 @@ class Worker:
 
     async def _claim(self, n: int) -> list:
         async with self._pool.acquire() as conn:
+            if self.limiter.active:  # one of our queues has limits or is paused (ratelimit.py)
+                return await self.limiter.claim(conn, n, self._claim_sql, self.name, self.lease_seconds)
             return await conn.fetch(self._claim_sql, self.queues, n, self.name, self.lease_seconds)
 
     async def _write_outcomes(self, batch: list[Outcome]) -> None:
@@ -186,10 +211,10 @@ class Worker:
     async def _produce(self) -> None:
         failures = 0
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._active)
+            free = self.capacity - len(self._active)
             if free <= 0 or self.completer.backlogged:
                 self._slot.clear()
-                if self.concurrency - len(self._active) <= 0 or self.completer.backlogged:
+                if self.capacity - len(self._active) <= 0 or self.completer.backlogged:
                     await self._slot.wait()
                 continue
             want = min(free, self.claim_batch)
@@ -224,22 +249,27 @@ class Worker:
         self._active[job.id] = (task, job)
 
     async def _run_job(self, job: Job) -> None:
-        started = now()
         outcome: Outcome | None
+        started = None
         try:
-            if self._stopping.is_set():
-                outcome = give_back(job, started, "worker shutting down before the task started")
-            else:
-                outcome = await execute(self.app.tasks.get(job.kind), job, self._threads)
+            async with self._run_slots:
+                started = now()
+                if self._stopping.is_set():
+                    outcome = give_back(job, started, "worker shutting down before the task started")
+                else:
+                    outcome = await execute(self.app.tasks.get(job.kind), job, self._threads)
         except asyncio.CancelledError:
             if job.id in self._revoked:
                 outcome = None  # cancelled or rescued elsewhere; the database already says so
             else:
-                outcome = give_back(job, started, f"worker {self.name} shut down before the task finished")
+                when = "finished" if started is not None else "started"
+                outcome = give_back(job, started, f"worker {self.name} shut down before the task {when}")
         finally:
             self._active.pop(job.id, None)
             self._slot.set()
         if outcome is not None:
+            if outcome.pause:  # RetryAfter(pause_queue=True): stop the queue here and for every worker
+                await self.limiter.pause(job.queue, outcome.pause, outcome.error)
             await self.completer.put(outcome)
 
     # -- heartbeats -------------------------------------------------------
@@ -297,6 +327,7 @@ class Worker:
                 loop.add_signal_handler(sig, self._on_signal, sig.name)
         self._threads = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="joblane-task")
         self._pool = await self._connect()
+        await self.limiter.start(self._pool, self._stopping)  # before the first claim
         log.info("worker %s: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
         self.completer.start()
         services_done = asyncio.Event()
@@ -304,7 +335,13 @@ class Worker:
             asyncio.create_task(self._heartbeat(services_done), name="heartbeat"),
             asyncio.create_task(self.rescuer.run(self._pool, self._stopping), name="rescuer"),
             asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="pruner"),
+            asyncio.create_task(self.limiter.run(self._stopping), name="limiter"),
         ]
+        if self.app.periodic_tasks:  # every worker runs the scheduler; each tick is enqueued once
+            from ..periodic import Scheduler
+
+            self.scheduler = Scheduler(self.app)
+            background.append(asyncio.create_task(self.scheduler.run(self._pool, self._stopping), name="scheduler"))
         notifier = None
         if self.listen:
             notifier = Notifier(self.app.dsn, self.app.channel, set(self.queues), self._wake.set,
