@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,9 +43,11 @@ class WorkerProcess:
 
     def __init__(self, app_spec: str, schema: str, *args: str, env: dict | None = None):
         full_env = {**os.environ, "JOBLANE_SCHEMA": schema, "PYTHONPATH": str(ROOT), **(env or {})}
+        # a file, not a pipe: a worker that logs a line per job must never block on a full pipe
+        self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "joblane", "worker", app_spec, "--log-format", "json", *args],
-            env=full_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=full_env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, text=True,
         )
 
     def signal(self, sig: int) -> None:
@@ -58,9 +61,9 @@ class WorkerProcess:
         return self.proc.wait(timeout)
 
     def output(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -164,9 +164,7 @@ async def scratch_database(dsn: str, prefix: str, keep: bool = False) -> AsyncIt
 # observation
 
 
-async def wait_until_none(
-    dsn: str, count_sql: str, poll_s: float, stop_after: float | None = None
-) -> float:
+async def wait_until_none(dsn: str, count_sql: str, poll_s: float) -> float:
     """Poll ``count_sql`` (returns one integer) on its own connection every
     ``poll_s`` until it returns 0; return the perf_counter() of that sighting."""
     conn = await connect(dsn)
@@ -176,11 +174,27 @@ async def wait_until_none(
             now = time.perf_counter()
             if n == 0:
                 return now
-            if stop_after is not None and now > stop_after:
-                raise BenchError(f"observer still sees {n} unfinished jobs at the deadline")
             await asyncio.sleep(poll_s)
     finally:
         await conn.close()
+
+
+async def watch_until_drained(
+    dsn: str, count_sql: str, poll_s: float, check_alive: Callable[[], None]
+) -> float:
+    """Run ``wait_until_none`` while calling ``check_alive()`` (which raises if
+    the worker died) every half second; the watcher never outlives the call."""
+    watch = asyncio.create_task(wait_until_none(dsn, count_sql, poll_s))
+    try:
+        while not watch.done():
+            check_alive()
+            await asyncio.wait({watch}, timeout=0.5)
+        return watch.result()
+    finally:
+        if not watch.done():
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watch
 
 
 def latency_summary(latencies_s: list[float]) -> dict[str, float]:

@@ -57,6 +57,8 @@ def worker_settings(args: argparse.Namespace) -> dict[str, Any]:
         s["batch_size"] = args.batch_size
     if args.max_tasks is not None:
         s["max_concurrent_tasks"] = args.max_tasks
+    if s["batch_size"] <= 0:
+        raise common.BenchError("--batch-size must be positive")
     if s["max_concurrent_tasks"] < 2 * s["batch_size"]:
         raise common.BenchError("PgQueuer needs --max-tasks >= 2 x --batch-size")
     return s
@@ -145,13 +147,9 @@ async def workload_c(args, dsn: str, queries: Queries, settings) -> dict[str, An
     t0 = time.perf_counter()
     try:
         await worker.start()
-        watch = asyncio.create_task(
-            common.wait_until_none(dsn, UNFINISHED_SQL, args.poll_ms / 1000.0)
+        t_end = await common.watch_until_drained(
+            dsn, UNFINISHED_SQL, args.poll_ms / 1000.0, worker.check_alive
         )
-        while not watch.done():
-            worker.check_alive()
-            await asyncio.wait({watch}, timeout=0.5)
-        t_end = watch.result()
     finally:
         await worker.stop()
     dt = t_end - t0

@@ -63,6 +63,9 @@ def make_app(dsn: str, pool_size: int | None, on_job: Callable[[dict], None] | N
 
 
 def worker_settings(args: argparse.Namespace) -> dict[str, Any]:
+    for opt in ("concurrency", "pool"):
+        if getattr(args, opt) is not None and getattr(args, opt) <= 0:
+            raise common.BenchError(f"--{opt} must be positive")
     prof = PROFILES[args.profile]
     concurrency = args.concurrency or prof["concurrency"]
     if args.pool is not None:
@@ -149,13 +152,9 @@ async def workload_c(args, dsn: str, task, ws) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         await worker.start()
-        watch = asyncio.create_task(
-            common.wait_until_none(dsn, UNFINISHED_SQL, args.poll_ms / 1000.0)
+        t_end = await common.watch_until_drained(
+            dsn, UNFINISHED_SQL, args.poll_ms / 1000.0, worker.check_alive
         )
-        while not watch.done():
-            worker.check_alive()
-            await asyncio.wait({watch}, timeout=0.5)
-        t_end = watch.result()
     finally:
         await worker.stop()
     dt = t_end - t0

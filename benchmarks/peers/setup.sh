@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Create (once) a separate virtualenv holding the peer libraries that the
 # benchmark compares joblane against. Nothing here touches the project's own
-# dependencies. Safe to run repeatedly.
+# dependencies. Safe to run repeatedly; `setup.sh --upgrade` moves to the
+# newest 1.x / 3.x.
 set -euo pipefail
 
+upgrade=0
+case "${1:-}" in
+    --upgrade) upgrade=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--upgrade]" >&2; exit 2 ;;
+esac
+
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-venv="${PEERS_VENV:-$here/../.venv-peers}"
+venv="${PEERS_VENV:-$(dirname "$here")/.venv-peers}"
 python="${PYTHON:-python3}"
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -17,7 +25,7 @@ fi
 want_pgq='pgqueuer[asyncpg]>=1,<2'
 want_proc='procrastinate>=3,<4'
 
-if "$venv/bin/python" - <<'PY' 2>/dev/null
+if [ "$upgrade" = 0 ] && "$venv/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
 def major(name):
     return int(m.version(name).split(".")[0])
@@ -28,7 +36,7 @@ then
     echo "peers already installed in $venv" >&2
 else
     "$venv/bin/python" -m pip install --quiet --upgrade pip
-    "$venv/bin/python" -m pip install --quiet "$want_pgq" "$want_proc" 'psycopg[binary]' asyncpg
+    "$venv/bin/python" -m pip install --quiet --upgrade "$want_pgq" "$want_proc" 'psycopg[binary]' asyncpg
 fi
 
 "$venv/bin/python" - <<'PY'

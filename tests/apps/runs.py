@@ -19,7 +19,9 @@ async def _record(job: joblane.Job) -> None:
     global _pool
     async with _lock:
         if _pool is None:
-            _pool = await asyncpg.create_pool(app.dsn, min_size=1, max_size=4)
+            # the bookkeeping insert need not wait for its own fsync: the server is not crashed here
+            _pool = await asyncpg.create_pool(app.dsn, min_size=1, max_size=4,
+                                              server_settings={"synchronous_commit": "off"})
     await _pool.execute(
         f"INSERT INTO {quote_ident(app.schema)}.runs (job_id, attempt, pid) VALUES ($1, $2, $3)",
         job.id, job.attempt, os.getpid(),
