@@ -11,11 +11,11 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 
-from . import migrations, store
+from . import migrations, store, telemetry
 from .errors import JoblaneError
 from .queries import Queries, for_schema, validate_schema
 from .types import HELD, PENDING, JobSpec
@@ -62,6 +62,11 @@ def _check_text(what: str, value: Any, limit: int) -> str:
         raise JoblaneError(f"{what} is {len(value)} characters long; the limit is {limit}")
     if "\x00" in value:
         raise JoblaneError(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise JoblaneError(f"{what} contains a lone surrogate (\\ud800-\\udfff), which is not valid UTF-8") from None
     return value
 
 
@@ -163,6 +168,7 @@ class App:
         self.notify = notify
         self.tasks: dict[str, Task] = {}
         self.periodic_tasks: dict[str, Any] = {}  # schedule name -> periodic.Schedule
+        self.rate_limits: dict[str, Any] = {}  # queue -> ratelimit.Limit, written by every worker at start
         self.queries: Queries = for_schema(self.schema)
         self.channel = f"{self.schema}_jobs"
         self.routes: list[Any] = []  # outbox routes (joblane.outbox.routes.Route), longest prefix wins
@@ -307,7 +313,8 @@ class App:
             kind, payload, queue=queue, priority=priority, run_after=run_after, delay=delay,
             max_attempts=max_attempts, unique_key=unique_key, held=held,
         )
-        rows = store.fetch(conn, self.queries.enqueue, [*args, replay_of, notify, self.channel])
+        with telemetry.enqueue_span(kind, args[0]) as headers:  # headers: the trace context, or None
+            rows = store.fetch(conn, self.queries.enqueue, [*args, replay_of, notify, self.channel, headers])
         if rows:
             return rows[0][0]
         return store.fetch(conn, self.queries.unfinished_by_unique_key, [unique_key])[0][0]
@@ -332,7 +339,9 @@ class App:
             kind, payload, queue=queue, priority=priority, run_after=run_after, delay=delay,
             max_attempts=max_attempts, unique_key=unique_key, held=held,
         )
-        rows = await store.fetch_async(conn, self.queries.enqueue, [*args, replay_of, notify, self.channel])
+        with telemetry.enqueue_span(kind, args[0]) as headers:  # headers: the trace context, or None
+            rows = await store.fetch_async(conn, self.queries.enqueue,
+                                           [*args, replay_of, notify, self.channel, headers])
         if rows:
             return rows[0][0]
         return (await store.fetch_async(conn, self.queries.unfinished_by_unique_key, [unique_key]))[0][0]
@@ -405,10 +414,10 @@ class App:
 
         Returns the ids of the jobs inserted; a job whose ``unique_key`` an
         unfinished job already holds is skipped. Every job is validated
-        before its chunk is sent.
+        before the first chunk is sent, so bad input writes nothing.
         """
         ids: list[int] = []
-        for columns, notify in self._many_chunks(jobs):
+        for columns, notify in list(self._many_chunks(jobs)):
             rows = store.fetch(conn, self.queries.enqueue_many, [_rows_document(columns), notify, self.channel])
             ids.extend(r[0] for r in rows)
         return ids
@@ -416,7 +425,7 @@ class App:
     async def enqueue_many_async(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
         """``enqueue_many`` on a psycopg AsyncConnection or an asyncpg connection."""
         ids: list[int] = []
-        for columns, notify in self._many_chunks(jobs):
+        for columns, notify in list(self._many_chunks(jobs)):  # validate all before sending any
             rows = await store.fetch_async(conn, self.queries.enqueue_many,
                                            [_rows_document(columns), notify, self.channel])
             ids.extend(r[0] for r in rows)
@@ -473,6 +482,25 @@ class App:
         from .outbox.publish import inbox_async
 
         return await inbox_async(self, conn, key)
+
+    def complete_job(self, conn: Any, job: Any, result: Any = None) -> None:
+        """Mark the running ``job`` done inside the task's own transaction on ``conn``.
+
+        Do the task's writes, ``publish`` its events and call this in one
+        transaction: commit, and the job is done exactly when its writes are;
+        a crash before the commit leaves nothing and the job runs again.
+        Raises JoblaneError (roll back!) when the job was rescued or cancelled
+        meanwhile. Keep the transaction short: it holds the job's row.
+        """
+        from .outbox.publish import complete_job
+
+        complete_job(self, conn, job, result)
+
+    async def complete_job_async(self, conn: Any, job: Any, result: Any = None) -> None:
+        """``complete_job`` on a psycopg AsyncConnection or an asyncpg connection."""
+        from .outbox.publish import complete_job_async
+
+        await complete_job_async(self, conn, job, result)
 
     # -- schema and admin -------------------------------------------------
 
@@ -536,6 +564,7 @@ class App:
              "meta": json.loads(m) if m else None}
             for a, w, s, f, o, e, m in self._admin(conn, "job_attempts", [job_id])
         ]
+        job["replays"] = [{"id": i, "state": s} for i, s in self._admin(conn, "job_replays", [job_id])]
         return job
 
     def retry(
@@ -560,6 +589,86 @@ class App:
 
     def job_states(self, ids: Sequence[int], conn: Any = None) -> dict[int, str]:
         return {i: s for i, s in self._admin(conn, "job_states", [list(ids)])}
+
+    # -- review, replay, audit, limits (review.py, ratelimit.py) -------------
+
+    def held_jobs(self, conn: Any = None, *, queue: str | None = None, kind: str | None = None,
+                  limit: int = 50) -> list[dict[str, Any]]:
+        """The review queue: held jobs, longest held first, with the Hold reason and data."""
+        from . import review
+
+        return review.held_jobs(self, conn, queue=queue, kind=kind, limit=limit)
+
+    def release(self, conn: Any, job_id: int, payload_patch: dict | None = None, *, actor: str | None = None,
+                note: str | None = None) -> int:
+        """Send a held job back to pending, its payload merged with ``payload_patch`` (jsonb ``||``).
+
+        Recorded in ``attempts`` as 'released' by ``actor`` (default user@host)
+        with ``note``. Raises JoblaneError when the job is not held.
+        """
+        from . import review
+
+        return review.release(self, conn, job_id, payload_patch, actor=actor, note=note)
+
+    def reject(self, conn: Any, job_id: int, reason: str, *, actor: str | None = None) -> int:
+        """Cancel a held job, recorded in ``attempts`` as 'rejected' with ``reason``."""
+        from . import review
+
+        return review.reject(self, conn, job_id, reason, actor=actor)
+
+    def replay(self, conn: Any, *, ids: Sequence[int] | None = None, kind: str | None = None,
+               queue: str | None = None, state: str | Sequence[str] | None = None, since: Any = None,
+               until: Any = None, payload_patch: dict | None = None, skip_replayed: bool = False,
+               limit: int | None = None, dry_run: bool = False) -> list[dict[str, Any]]:
+        """Insert new jobs copied from the matching ones, payload patched, ``replay_of`` set.
+
+        Old rows are never edited. Without ``state`` only finished jobs match;
+        ``since``/``until`` bound when they finished (a datetime, a timedelta
+        or text such as "24h"). ``dry_run`` inserts nothing and returns what
+        would be inserted (``id`` None).
+        """
+        from . import review
+
+        return review.replay(self, conn, ids=ids, kind=kind, queue=queue, state=state, since=since, until=until,
+                             payload_patch=payload_patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry_run)
+
+    def list_attempts(self, conn: Any = None, **filters: Any) -> list[dict[str, Any]]:
+        """Attempts newest first; filters: kind, queue, outcome, model, since, until, job_id, before_id, limit."""
+        from . import review
+
+        return review.list_attempts(self, conn, **filters)
+
+    def export_attempts(self, conn: Any = None, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every matching attempt, oldest first, streamed through a server-side cursor (psycopg).
+
+        Filters: kind, queue, outcome, model, since, until. Each row carries
+        the job's current state.
+        """
+        from . import review
+
+        return review.export_attempts(self, conn, **filters)
+
+    def limit(self, queue: str, **options: Any) -> Any:
+        """Limit a queue for every worker: ``app.limit("models", per_minute=60, concurrency=8,
+        tokens_per_minute=90_000, estimate="estimated_tokens", key="tenant", per_key=2)``.
+
+        Written to the database by each worker at start. See joblane.ratelimit.
+        """
+        from .ratelimit import make_limit
+
+        limit = make_limit(queue, **options)
+        self.rate_limits[queue] = limit
+        return limit
+
+    def pause_queue(self, conn: Any, queue: str, seconds: float, reason: str | None = None) -> dt.datetime:
+        """Stop every worker from starting jobs of ``queue`` for ``seconds``; returns when the pause ends."""
+        if not isinstance(seconds, (int, float)) or not 0 < seconds <= _MAX_DELAY:
+            raise JoblaneError(f"pause seconds must be a positive number, got {seconds!r}")
+        return self._admin(conn, "pause_queue", [_check_queue(queue), float(seconds), reason])[0][0]
+
+    def resume_queue(self, conn: Any, queue: str) -> bool:
+        """End a queue's pause now; False when it was not paused."""
+        return bool(self._admin(conn, "resume_queue", [queue]))
 
 
 def _actor() -> str:

@@ -153,11 +153,14 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @click.option("--retention", "retention_seconds", default=7 * 86400.0, show_default=True, type=click.FloatRange(0),
               help="Prune done/cancelled jobs older than this many seconds.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
+              help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs joblane[telemetry]).")
 @click.option("-v", "--verbose", is_flag=True)
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, claim_batch: int | None,
            poll_interval: float, lease_seconds: float | None, grace_seconds: float, no_listen: bool,
-           retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float) -> None:
+           retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float,
+           metrics_port: int | None = None) -> None:
     """Run the tasks of APP (module:attribute naming a joblane.App)."""
     from .worker import Worker
 
@@ -167,6 +170,10 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
                             poll_interval=poll_interval, lease_seconds=lease_seconds, grace_seconds=grace_seconds,
                             listen=not no_listen, retention_seconds=retention_seconds,
                             connect_timeout=connect_timeout))
+    if metrics_port is not None:
+        from .telemetry import serve_metrics
+
+        _run(lambda: serve_metrics(w, metrics_port))
     _run(lambda: asyncio.run(w.run()))
 
 
@@ -186,7 +193,8 @@ def _setup_logging(fmt: str, verbose: bool) -> None:
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps({"time": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(),
-                           "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()})
+                           "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage(),
+                           **getattr(record, "joblane", {})})  # a job outcome's fields (telemetry.py)
 
 
 @main.command()
@@ -265,7 +273,11 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         value = job[key]
         table.add_row(key, _when(value) if isinstance(value, dt.datetime) else ("-" if value is None else str(value)))
     table.add_row("payload", json.dumps(job["payload"], indent=2))
-    table.add_row("result", "-" if job["result"] is None else json.dumps(job["result"], indent=2))
+    # a held job's result is the data its task gave to Hold, for the reviewer
+    table.add_row("hold data" if job["state"] == "held" else "result",
+                  "-" if job["result"] is None else json.dumps(job["result"], indent=2))
+    if job.get("replays"):
+        table.add_row("replayed by", ", ".join(f"{r['id']} ({r['state']})" for r in job["replays"]))
     console.print(table)
     if job["attempt_rows"]:
         at = Table(title="attempts")
@@ -341,6 +353,19 @@ main.add_command(outbox)
 from .grants import grants  # noqa: E402 - registered last, after the helpers it uses
 
 main.add_command(grants)
+
+from .review_commands import COMMANDS as _review_commands  # noqa: E402 - registered last, after the helpers it uses
+
+for _command in _review_commands:
+    main.add_command(_command)
+
+def _register_bench() -> None:
+    from .bench_commands import bench_command
+
+    main.add_command(bench_command)
+
+
+_register_bench()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

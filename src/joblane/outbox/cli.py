@@ -1,0 +1,130 @@
+"""`joblane relay APP` and `joblane outbox ...`: registered on the main command group in joblane.cli."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+
+import click
+from rich.table import Table
+
+from ..cli import Fail, _app, _run, _setup_logging, _when, console, emit_json
+from . import admin
+
+
+@click.command()
+@click.argument("app_spec", metavar="APP")
+@click.option("--batch-size", default=200, show_default=True, type=click.IntRange(1, 10_000),
+              help="Most rows claimed per batch.")
+@click.option("-c", "--concurrency", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Batches in flight at once.")
+@click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(0.01, 3600))
+@click.option("--lease", "lease_seconds", default=30.0, show_default=True, type=click.FloatRange(1, 86400),
+              help="Seconds a claimed row stays with this relay (extended while its batch is delivered).")
+@click.option("--grace", "grace_seconds", default=15.0, show_default=True, type=click.FloatRange(0, 86400),
+              help="Seconds the batches in flight get to finish after SIGTERM.")
+@click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction pooling).")
+@click.option("--retention", "retention_seconds", default=7 * 86400.0, show_default=True,
+              type=click.FloatRange(0), help="Delete sent rows older than this many seconds.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-v", "--verbose", is_flag=True)
+@click.pass_context
+def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, poll_interval: float,
+          lease_seconds: float, grace_seconds: float, no_listen: bool, retention_seconds: float,
+          log_format: str, verbose: bool) -> None:
+    """Deliver APP's outbox through the sinks it routes (app.route(prefix, sink))."""
+    from .relay import Relay
+
+    app = _app(ctx, app_spec)
+    _setup_logging(log_format, verbose)
+    r = _run(lambda: Relay(app, batch_size=batch_size, concurrency=concurrency, poll_interval=poll_interval,
+                           lease_seconds=lease_seconds, grace_seconds=grace_seconds, listen=not no_listen,
+                           retention_seconds=retention_seconds))
+    _run(lambda: asyncio.run(r.run()))
+
+
+@click.group(invoke_without_command=True)
+@click.option("--state", type=click.Choice(admin.OUTBOX_STATES))
+@click.option("--topic", help="Only topics starting with this.")
+@click.option("--before", "before_id", type=int, help="Only ids below this (next page).")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
+    """List outbox messages, newest first (`joblane outbox retry` re-queues failed ones)."""
+    if ctx.invoked_subcommand:
+        return
+    app = _app(ctx)
+    rows = _run(lambda: admin.list_messages(app, state=state, topic=topic, before_id=before_id, limit=limit))
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table()
+    for col in ("id", "topic", "key", "idempotency key", "state", "attempts", "next try", "last error"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(str(r["id"]), r["topic"], r["key"] or "-", r["idempotency_key"] or f"outbox:{r['id']}",
+                      r["state"], str(r["attempts"]), _when(r["run_after"]) if r["state"] == "pending" else "-",
+                      (r["last_error"] or "")[:80])
+    console.print(table if rows else "no outbox messages match")
+    if len(rows) == limit:
+        console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
+
+
+@outbox.command("show")
+@click.argument("message_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
+    """One outbox message with its payload and headers."""
+    app = _app(ctx)
+    row = _run(lambda: admin.get_message(app, message_id))
+    if row is None:
+        raise Fail(f"no outbox message {message_id} in schema {app.schema}")
+    if as_json:
+        emit_json(row)
+        return
+    table = Table(show_header=False, title=f"outbox message {message_id}")
+    for key, value in row.items():
+        if key in ("payload", "headers"):
+            value = json.dumps(value, indent=2)
+        elif isinstance(value, dt.datetime):
+            value = _when(value)
+        table.add_row(key, "-" if value is None else str(value))
+    console.print(table)
+
+
+@outbox.command("retry")
+@click.argument("message_ids", nargs=-1)
+@click.option("--topic", help="Retry every failed message whose topic starts with this.")
+@click.option("--all-failed", is_flag=True, help="Retry every failed message.")
+@click.option("--attempts", default=10, show_default=True, type=click.IntRange(1, 100_000),
+              help="Tries each message gets before it fails again.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def outbox_retry(ctx: click.Context, message_ids, topic, all_failed, attempts, as_json) -> None:
+    """Put failed outbox messages back to pending."""
+    ids = []
+    for v in message_ids:
+        try:
+            ids.append(int(v))
+        except ValueError:
+            raise Fail(f"message ids are integers, got {v!r}") from None
+    if not ids and not (topic or all_failed):
+        raise Fail("give message ids, --topic or --all-failed")
+    if ids and (topic or all_failed):
+        raise Fail("give either message ids or a filter, not both")
+    app = _app(ctx)
+    done = _run(lambda: admin.retry(app, ids=ids or None, topic=topic, all_failed=all_failed, attempts=attempts))
+    skipped = {}
+    for i in (i for i in ids if i not in set(done)):
+        row = _run(lambda: admin.get_message(app, i))
+        skipped[i] = "missing" if row is None else row["state"]
+    if as_json:
+        emit_json({"retried": done, "skipped": {str(k): v for k, v in skipped.items()}})
+        return
+    console.print(f"retried: {len(done)} message{'s' if len(done) != 1 else ''}"
+                  + (f" ({', '.join(map(str, done[:20]))}{'...' if len(done) > 20 else ''})" if done else ""))
+    for i, s in skipped.items():
+        console.print(f"[yellow]skipped {i}: {'no such message' if s == 'missing' else 'it is ' + s}[/yellow]")

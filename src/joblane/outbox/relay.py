@@ -1,0 +1,528 @@
+"""The relay: claim pending outbox rows in batches, deliver them through their route's sink, record the outcome.
+
+Same shape as the maintenance services: validated configuration with
+defaults, ``run_once()`` that does one batch and returns what it did, and a
+loop that waits for a notification or a jittered poll between batches.
+
+One batch is three steps and two round trips to PostgreSQL:
+1. claim: one statement leases up to ``batch_size`` rows (SKIP LOCKED, so
+   relays running side by side take different rows) and commits, so no
+   transaction stays open while a destination is slow;
+2. deliver: each route's sink gets its rows at once; rows of one key on an
+   ordered route go out one after another, and a failure holds back the
+   rest of that key;
+3. finish: one statement marks the whole batch sent, retried (with
+   backoff), failed or released, guarded by the lease this relay holds.
+A relay that dies between 1 and 3 leaves its rows leased; when the lease
+ends any relay takes them again and re-sends them with the same
+idempotency key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import asyncpg
+
+from .. import telemetry
+from ..app import App
+from ..errors import JoblaneError, SchemaVersionError
+from ..maintenance.service import Service
+from ..migrations import latest_version
+from ..queries import quote_ident
+from .message import Delivery, Message, describe
+from .publish import channel
+from .routes import Route, route_for
+
+log = logging.getLogger("joblane.outbox")
+
+ERROR_LIMIT = 2000
+MAX_RETRY_AFTER = 86400.0
+SENT, RETRY, FAILED, RELEASED = "sent", "retry", "failed", "released"
+
+
+@dataclass
+class RelayResult:
+    """What one ``run_once()`` did."""
+
+    claimed: int = 0
+    sent: int = 0  # delivered now, or found by read-back
+    found: int = 0  # of those, already at the destination (read-back): not sent again
+    retried: int = 0
+    failed: int = 0
+    released: int = 0  # handed back untried: an earlier row of the key failed in this batch
+    stale: int = 0  # outcomes not recorded: the lease had passed to another relay
+    ids: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, other: "RelayResult") -> None:
+        for name in ("claimed", "sent", "found", "retried", "failed", "released", "stale"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass(slots=True)
+class _Outcome:
+    message: Message
+    outcome: str
+    delay: float = 0.0
+    error: str | None = None
+
+
+class OutboxPruner(Service):
+    """Delete rows sent longer ago than the retention; one relay at a time does it."""
+
+    name = "outbox-pruner"
+
+    def __init__(self, queries, schema: str, *, retention: float, interval: float = 60.0, batch: int = 5000, **kw):
+        super().__init__(queries, schema, interval=interval, **kw)
+        if retention < 0:
+            raise ValueError("outbox pruner: retention must be >= 0 seconds")
+        self.retention = float(retention)
+        self.batch = batch
+
+    async def _work(self, conn) -> list[int]:
+        pruned: list[int] = []
+        for _ in range(20):
+            rows = await conn.fetch(self.queries.prune_outbox, self.retention, self.batch)
+            pruned.extend(r[0] for r in rows)
+            if len(rows) < self.batch:
+                break
+        return pruned
+
+
+class Relay:
+    """Delivers the app's outbox through the sinks routed with ``app.route(prefix, sink)``.
+
+    ``concurrency`` batches of up to ``batch_size`` rows are in flight at
+    once. A claimed row is leased for ``lease_seconds``, extended while its
+    batch is still being delivered. Relays find new rows by LISTEN/NOTIFY
+    (unless ``listen=False``, e.g. behind PgBouncer in transaction pooling)
+    and by polling every ``poll_interval`` seconds (with jitter).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        routes: Sequence[Route] | None = None,
+        batch_size: int = 200,
+        concurrency: int = 2,
+        poll_interval: float = 1.0,
+        lease_seconds: float = 30.0,
+        grace_seconds: float = 15.0,
+        delivery_timeout: float = 300.0,
+        listen: bool = True,
+        jitter: float = 0.2,
+        retention_seconds: float = 7 * 86400.0,
+        prune_interval: float = 60.0,
+        name: str | None = None,
+    ):
+        routes = list(app.routes if routes is None else routes)
+        if not routes:
+            raise JoblaneError("the app routes no topic: add app.route(\"prefix.\", sink) before starting a relay")
+        if not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
+            raise JoblaneError("batch_size must be an integer from 1 to 10000")
+        if not isinstance(concurrency, int) or not 1 <= concurrency <= 64:
+            raise JoblaneError("concurrency must be an integer from 1 to 64")
+        if not poll_interval > 0:
+            raise JoblaneError("poll_interval must be positive")
+        if not lease_seconds >= 1:
+            raise JoblaneError("lease_seconds must be at least 1")
+        if grace_seconds < 0:
+            raise JoblaneError("grace_seconds must be >= 0")
+        if not delivery_timeout > 0:
+            raise JoblaneError("delivery_timeout must be positive")
+        if not 0 <= jitter < 1:
+            raise JoblaneError("jitter must be in [0, 1)")
+        self.app = app
+        self.routes = routes
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.poll_interval = float(poll_interval)
+        self.lease_seconds = float(lease_seconds)
+        self.heartbeat_seconds = self.lease_seconds / 3
+        self.grace_seconds = float(grace_seconds)
+        self.delivery_timeout = float(delivery_timeout)
+        self.listen = listen
+        self.jitter = jitter
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.application_name = f"joblane relay {os.getpid()}"
+        self.stats: Counter[str] = Counter()
+        self.pruner = OutboxPruner(app.queries, app.schema, retention=retention_seconds, interval=prune_interval)
+        self._prefixes = [r.prefix for r in routes]
+        self._ordered = [r.ordered for r in routes]
+        self._sinks = list({id(r.sink): r.sink for r in routes}.values())
+        self._pool: asyncpg.Pool | None = None
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._signals = 0
+        self.started = asyncio.Event()
+
+    # -- lifecycle --------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to PostgreSQL, check the schema, open every sink."""
+        if self._pool is not None:
+            return
+        self._pool = await self._connect()
+        for sink in self._sinks:
+            try:
+                await sink.open()
+            except Exception as exc:
+                # A destination that is down now is retried with each batch
+                # (sinks connect lazily); its rows back off meanwhile.
+                log.warning("relay: cannot open %r yet (%s); its rows wait and retry", sink, describe(exc))
+
+    async def close(self) -> None:
+        for sink in self._sinks:
+            await _quietly(sink.close())
+        await self._close_pool()
+
+    async def __aenter__(self) -> "Relay":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def request_stop(self) -> None:
+        """Stop claiming; batches in flight are delivered and recorded within ``grace_seconds``."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def _connect(self) -> asyncpg.Pool:
+        try:
+            pool = await asyncpg.create_pool(self.app.dsn, min_size=1, max_size=self.concurrency + 2,
+                                             server_settings={"application_name": self.application_name})
+        except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
+            raise JoblaneError(f"cannot use the database: {describe(exc)}") from None
+        except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+            raise _Unreachable(f"cannot connect to the database: {describe(exc)}") from None
+        try:
+            async with pool.acquire() as conn:
+                table = f"{quote_ident(self.app.schema)}.migrations"
+                if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
+                    raise SchemaVersionError(f"schema {self.app.schema!r} has no joblane tables: run `joblane migrate`")
+                version = await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {table}")
+                if version != latest_version():
+                    hint = "run `joblane migrate`" if version < latest_version() else "upgrade joblane"
+                    raise SchemaVersionError(f"schema {self.app.schema!r} is at version {version}, "
+                                             f"this joblane needs {latest_version()}: {hint}")
+        except BaseException:
+            pool.terminate()
+            raise
+        return pool
+
+    async def _close_pool(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await asyncio.wait_for(pool.close(), 5.0)
+            except Exception:
+                pool.terminate()
+
+    # -- one batch --------------------------------------------------------
+
+    async def run_once(self, limit: int | None = None) -> RelayResult:
+        """Claim, deliver and record one batch (at most ``limit`` rows, default ``batch_size``)."""
+        if self._pool is None:
+            await self.start()
+        result = RelayResult()
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(self.app.queries.claim_outbox, limit or self.batch_size, self._prefixes,
+                                    self._ordered, self.name, self.lease_seconds)
+        if not rows:
+            return result
+        result.claimed = len(rows)
+        # From here the rows are leased to us: every one gets an outcome, or
+        # (if this process dies) comes back when its lease ends.
+        messages = [_message(r) for r in rows]
+        budgets = {r[0]: r[7] for r in rows}
+        heartbeat = asyncio.create_task(self._heartbeat([m.id for m in messages]))
+        started_ns = telemetry.now_ns()
+        try:
+            outcomes = await asyncio.wait_for(self._deliver(messages, budgets), self.delivery_timeout)
+        except asyncio.TimeoutError:
+            # Some may have arrived: they are sent again, with the same keys.
+            error = f"delivery of the batch took longer than {self.delivery_timeout:g}s"
+            outcomes = [self._judge(route_for(self.routes, m.topic), m, Delivery.retry(error), budgets.get(m.id))
+                        for m in messages]
+        finally:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+        telemetry.delivered(outcomes, started_ns)  # one span per row, child of its publish; no-op without OpenTelemetry
+        applied = await self._finish(outcomes)
+        for o in outcomes:
+            if o.message.id not in applied:
+                result.stale += 1
+                continue
+            if o.outcome == SENT:
+                result.sent += 1
+            elif o.outcome == RETRY:
+                result.retried += 1
+            elif o.outcome == FAILED:
+                result.failed += 1
+            else:
+                result.released += 1
+            result.ids.setdefault(o.outcome, []).append(o.message.id)
+        result.found = sum(1 for o in outcomes if o.error == _FOUND and o.message.id in applied)
+        for name in ("claimed", "sent", "found", "retried", "failed", "released", "stale"):
+            self.stats[name] += getattr(result, name)
+        if result.stale:
+            log.info("relay: %d outcomes arrived after another relay took the rows over", result.stale)
+        return result
+
+    async def _deliver(self, messages: list[Message], budgets: dict[int, int | None]) -> list[_Outcome]:
+        by_route: dict[int, tuple[Route, list[Message]]] = {}
+        lost: list[_Outcome] = []
+        for m in messages:
+            route = route_for(self.routes, m.topic)
+            if route is None:  # cannot happen: the claim only takes routed topics
+                lost.append(_Outcome(m, RELEASED))
+                continue
+            by_route.setdefault(id(route), (route, []))[1].append(m)
+        groups = await asyncio.gather(*(self._deliver_route(route, ms, budgets) for route, ms in by_route.values()))
+        return lost + [o for group in groups for o in group]
+
+    async def _deliver_route(self, route: Route, messages: list[Message],
+                             budgets: dict[int, int | None]) -> list[_Outcome]:
+        if not route.ordered:
+            waves = [messages]
+        else:
+            # Rows of one (topic, key) go out one after another, in id order;
+            # rows without a key and the heads of different keys go together.
+            queues: dict[tuple[str, str], list[Message]] = defaultdict(list)
+            first = []
+            for m in sorted(messages, key=lambda m: m.id):
+                if m.key is None:
+                    first.append(m)
+                else:
+                    queues[(m.topic, m.key)].append(m)
+            waves = []
+            depth = max((len(q) for q in queues.values()), default=0)
+            for i in range(max(depth, 1)):
+                wave = (first if i == 0 else []) + [q[i] for q in queues.values() if i < len(q)]
+                waves.append(wave)
+        outcomes: list[_Outcome] = []
+        blocked: set[tuple[str, str]] = set()
+        for wave in waves:
+            ready = []
+            for m in wave:
+                if m.key is not None and (m.topic, m.key) in blocked:
+                    outcomes.append(_Outcome(m, RELEASED))
+                else:
+                    ready.append(m)
+            if not ready:
+                continue
+            deliveries = await self._send(route, ready)
+            for m, d in zip(ready, deliveries):
+                outcome = self._judge(route, m, d, budgets.get(m.id))
+                outcomes.append(outcome)
+                if route.ordered and m.key is not None and outcome.outcome != SENT:
+                    blocked.add((m.topic, m.key))
+        return outcomes
+
+    async def _send(self, route: Route, messages: list[Message]) -> list[Delivery]:
+        """Deliver through the route's sink, asking read-back first about the messages tried before."""
+        sink = route.sink
+        results: dict[int, Delivery] = {}
+        to_send = messages
+        if sink.reads_back:
+            again = [m for m in messages if m.attempt > 1]
+            if again:
+                answers = await asyncio.gather(*(sink.find(m) for m in again), return_exceptions=True)
+                for m, found in zip(again, answers):
+                    if isinstance(found, BaseException):
+                        results[m.id] = Delivery.retry(f"read-back failed, not re-sent: {describe(found)}")
+                    elif found:
+                        results[m.id] = _FOUND_DELIVERY
+                to_send = [m for m in messages if m.id not in results]
+        if to_send:
+            try:
+                deliveries = await sink.send(to_send)
+                if len(deliveries) != len(to_send):
+                    raise RuntimeError(f"{sink!r} answered {len(deliveries)} results for {len(to_send)} messages")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = f"{sink!r}: {describe(exc)}"
+                deliveries = [Delivery.retry(error)] * len(to_send)
+            for m, d in zip(to_send, deliveries):
+                results[m.id] = d
+        return [results[m.id] for m in messages]
+
+    def _judge(self, route: Route, m: Message, d: Delivery, budget: int | None) -> _Outcome:
+        if d.ok:
+            return _Outcome(m, SENT, error=_FOUND if d is _FOUND_DELIVERY else None)
+        error = (d.error or "delivery failed")[:ERROR_LIMIT]
+        if d.permanent:
+            return _Outcome(m, FAILED, error=error)
+        if m.attempt >= (budget or route.max_attempts):
+            return _Outcome(m, FAILED, error=f"gave up after {m.attempt} attempts: {error}"[:ERROR_LIMIT])
+        if d.retry_after is not None:
+            delay = min(MAX_RETRY_AFTER, max(0.0, d.retry_after))
+        else:
+            delay = max(0.0, float(route.backoff(m.attempt)))
+        return _Outcome(m, RETRY, delay=delay, error=error)
+
+    async def _finish(self, outcomes: list[_Outcome]) -> set[int]:
+        if not outcomes:
+            return set()
+        cols: list[list[Any]] = [[], [], [], [], []]
+        for o in outcomes:
+            error = None if o.error == _FOUND else o.error
+            for col, value in zip(cols, (o.message.id, o.outcome, o.message.attempt, o.delay, error)):
+                col.append(value)
+        for attempt in range(4):
+            try:
+                async with self._pool.acquire() as conn:
+                    rows = await conn.fetch(self.app.queries.finish_outbox, *cols, self.name)
+                return {r[0] for r in rows}
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if attempt == 3:
+                    log.error("could not record %d outcomes (%s): those rows are delivered again when their "
+                              "leases end", len(outcomes), describe(exc))
+                    return set()
+                await asyncio.sleep(0.2 * 2 ** attempt * random.uniform(0.8, 1.2))
+        return set()
+
+    async def _heartbeat(self, ids: list[int]) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            try:
+                async with self._pool.acquire() as conn:
+                    await conn.fetch(self.app.queries.extend_outbox_leases, ids, self.name, self.lease_seconds)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("relay: lease extension failed (%s)", describe(exc))
+
+    # -- the loop ---------------------------------------------------------
+
+    async def _loop(self, index: int) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            self._wake.clear()  # a notification that lands during the batch is kept
+            try:
+                # A stop request lets this batch finish: only the grace
+                # period's end cancels it (its rows then return when their
+                # leases end).
+                result = await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                delay = min(10.0, 0.1 * 2 ** min(failures, 7)) * random.uniform(0.8, 1.2)
+                log.warning("relay: batch failed (%s); retrying in %.2fs", describe(exc), delay)
+                await self._sleep(delay)
+                continue
+            failures = 0
+            if result.claimed:
+                log.debug("relay %d: %s", index, {k: v for k, v in vars(result).items() if v and k != "ids"})
+            if result.claimed < self.batch_size:
+                await self._wait(self.poll_interval * random.uniform(1 - self.jitter, 1 + self.jitter))
+
+    async def _wait(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    def _on_signal(self, signame: str) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info("%s received: finishing the batches in flight (grace %.0fs); send again to exit at once",
+                     signame, self.grace_seconds)
+            self.request_stop()
+        else:
+            log.warning("%s received again: exiting now; leased rows come back when their leases end", signame)
+            os._exit(1)
+
+    async def run(self, *, install_signals: bool = True) -> Counter[str]:
+        """Relay until ``request_stop()`` or SIGTERM/SIGINT; returns counts of what was done."""
+        from ..worker.notifier import Notifier
+
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig.name)
+        try:
+            failures = 0
+            while True:
+                try:
+                    await self.start()
+                    break
+                except _Unreachable as exc:
+                    failures += 1
+                    if self._stopping.is_set():
+                        raise
+                    delay = min(5.0, 0.2 * 2 ** min(failures, 5))
+                    log.warning("%s; retrying in %.1fs", exc, delay)
+                    await self._sleep(delay)
+            log.info("relay %s: %s", self.name,
+                     ", ".join(f"{r.prefix or '*'} -> {r.sink!r}{' (ordered)' if r.ordered else ''}"
+                               for r in self.routes))
+            background = [asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="outbox-pruner")]
+            if self.listen:
+                notifier = Notifier(self.app.dsn, channel(self.app), {""}, self._wake.set,
+                                    application_name=self.application_name)
+                background.append(asyncio.create_task(notifier.run(self._stopping), name="outbox-listener"))
+            loops = [asyncio.create_task(self._loop(i), name=f"relay-{i}") for i in range(self.concurrency)]
+            self.started.set()
+            await self._stopping.wait()
+            _, still = await asyncio.wait(loops, timeout=self.grace_seconds)
+            if still:
+                log.warning("relay: %d batches did not finish within the grace period; their rows come back "
+                            "when their leases end", len(still))
+                for t in still:
+                    t.cancel()
+                await asyncio.gather(*still, return_exceptions=True)
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+        finally:
+            await self.close()
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        log.info("relay %s stopped: %s", self.name, {k: v for k, v in self.stats.items() if v})
+        return self.stats
+
+
+class _Unreachable(JoblaneError):
+    """PostgreSQL did not answer; the relay keeps trying."""
+
+
+_FOUND = "found at the destination by read-back; not sent again"
+_FOUND_DELIVERY = Delivery(True, _FOUND)
+
+
+def _message(row) -> Message:
+    return Message(
+        id=row[0], topic=row[1], key=row[2], idempotency_key=row[3], body=row[4].encode(),
+        headers=json.loads(row[5]) if row[5] else {}, attempt=row[6], created_at=row[8],
+    )
+
+
+async def _quietly(awaitable) -> None:
+    try:
+        await asyncio.wait_for(awaitable, 10.0)
+    except Exception as exc:
+        log.warning("relay: closing failed (%s)", describe(exc))

@@ -1,0 +1,272 @@
+"""The relay against a real local HTTP server: delivery, status codes, backoff, failure, retry, order, leases."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+import joblane
+from joblane.cli import main
+from joblane.outbox import Relay
+from joblane.outbox.sinks import HttpSink
+
+from .conftest import Request, outbox_rows
+
+
+def relay(app, **options) -> Relay:
+    return Relay(app, **{"listen": False, "lease_seconds": 5.0, **options})
+
+
+def publish(app, dsn, *messages, rollback: bool = False) -> list[int]:
+    """Publish (topic, payload, options) tuples in one transaction; returns their ids."""
+    with psycopg.connect(dsn) as c:
+        with c.transaction() as tx:
+            ids = [app.publish(c, topic, payload, **opts) for topic, payload, opts in messages]
+            if rollback:
+                raise psycopg.Rollback(tx)
+    return ids
+
+
+async def test_committed_rows_arrive_with_their_idempotency_key_and_rolled_back_ones_never(
+        app, conn, joblane_dsn, receiver):
+    app.route("crm.", HttpSink(receiver.url + "/hooks/{topic}"))
+    publish(app, joblane_dsn, ("crm.lead_created", {"n": 0}, {}), rollback=True)
+    ids = publish(app, joblane_dsn,
+                  ("crm.lead_created", {"n": 1}, {}),
+                  ("crm.lead_created", {"n": 2}, {"key": "lead-2", "headers": {"X-Trace": "abc"}}),
+                  ("crm.lead_updated", {"n": 3}, {"idempotency_key": "lead-3-v1"}))
+    async with relay(app) as r:
+        result = await r.run_once()
+        assert (result.claimed, result.sent) == (3, 3)
+        assert (await r.run_once()).claimed == 0
+    posts = sorted(receiver.posts(), key=lambda q: q.json["n"])
+    assert [p.json for p in posts] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert [p.key for p in posts] == [f"outbox:{ids[0]}", f"outbox:{ids[1]}", "lead-3-v1"]
+    assert [p.path for p in posts] == ["/hooks/crm.lead_created", "/hooks/crm.lead_created", "/hooks/crm.lead_updated"]
+    assert posts[1].headers["x-trace"] == "abc" and posts[1].headers["joblane-key"] == "lead-2"
+    assert posts[0].headers["content-type"] == "application/json"
+    assert [(i, s, a) for i, s, a, *_ in outbox_rows(conn, app)] == [(i, "sent", 1) for i in ids]
+    assert conn.execute(f'SELECT count(*) FROM "{app.schema}".outbox WHERE sent_at IS NULL').fetchone()[0] == 0
+
+
+async def test_status_codes_retry_after_and_permanent_failure(app, conn, joblane_dsn, receiver):
+    answers = {
+        "retry-after": (503, {"Retry-After": "120"}, b"maintenance"),
+        "rate-limited": (429, {}, b"slow down"),
+        "bad": (422, {}, b'{"error": "email is missing"}'),
+        "redirect": (302, {"Location": "/elsewhere"}, b""),
+        "created": (201, {}, b"created"),
+    }
+    receiver.respond = lambda req: answers[req.json["case"]]
+    app.route("", HttpSink(receiver.url))
+    ids = dict(zip(answers, publish(app, joblane_dsn, *[("t.case", {"case": c}, {}) for c in answers])))
+    async with relay(app) as r:
+        result = await r.run_once()
+    assert (result.sent, result.retried, result.failed) == (1, 2, 2)
+    rows = {i: (s, a, e) for i, s, a, _, _, e in outbox_rows(conn, app)}
+    assert rows[ids["created"]] == ("sent", 1, None)
+    assert rows[ids["bad"]] == ("failed", 1, 'HTTP 422 Unprocessable Entity: {"error": "email is missing"}')
+    assert rows[ids["redirect"]][0] == "failed"
+    assert rows[ids["retry-after"]] == ("pending", 1, "HTTP 503 Service Unavailable: maintenance")
+    assert rows[ids["rate-limited"]][:2] == ("pending", 1)
+    wait = dict(conn.execute(f'SELECT id, extract(epoch FROM run_after - now()) FROM "{app.schema}".outbox'
+                             " WHERE state = 'pending'").fetchall())
+    assert 100 < wait[ids["retry-after"]] <= 120, "Retry-After is honoured"
+    assert 0 < wait[ids["rate-limited"]] <= 1.25, "no Retry-After: the route's backoff (1 s +-25 %)"
+
+
+async def test_exhausted_rows_fail_and_outbox_retry_requeues_them(app, conn, joblane_dsn, receiver, monkeypatch):
+    receiver.respond = lambda req: (500, {}, b"down")
+    app.route("", HttpSink(receiver.url), max_attempts=3, backoff=lambda attempt: 0.0)
+    [row] = publish(app, joblane_dsn, ("t.x", {}, {}))
+    async with relay(app) as r:
+        for _ in range(3):
+            await r.run_once()
+        assert outbox_rows(conn, app)[0][1:3] == ("failed", 3)
+        assert outbox_rows(conn, app)[0][5] == "gave up after 3 attempts: HTTP 500 Internal Server Error: down"
+        assert (await r.run_once()).claimed == 0, "failed rows stay failed"
+
+        monkeypatch.setenv("DATABASE_URL", joblane_dsn)
+        runner = CliRunner()
+        listed = runner.invoke(main, ["--schema", app.schema, "outbox", "--state", "failed", "--json"])
+        assert listed.exit_code == 0, listed.output
+        assert [m["id"] for m in json.loads(listed.output)] == [row]
+        bad = runner.invoke(main, ["--schema", app.schema, "outbox", "retry"])
+        assert bad.exit_code == 1 and "give message ids" in bad.output
+        retried = runner.invoke(main, ["--schema", app.schema, "outbox", "retry", "--all-failed", "--attempts", "2",
+                                       "--json"])
+        assert retried.exit_code == 0, retried.output
+        assert json.loads(retried.output) == {"retried": [row], "skipped": {}}
+        again = runner.invoke(main, ["--schema", app.schema, "outbox", "retry", str(row), "--json"])
+        assert json.loads(again.output) == {"retried": [], "skipped": {str(row): "pending"}}
+
+        receiver.respond = lambda req: (200, {}, b"ok")
+        assert (await r.run_once()).sent == 1
+    assert outbox_rows(conn, app)[0][1:3] == ("sent", 4)
+    assert receiver.keys() == [f"outbox:{row}"] * 4, "every try carried the same key"
+
+
+async def test_ordered_keys_arrive_in_order_despite_failures_at_the_receiver(app, conn, joblane_dsn, receiver):
+    """Each key's second message fails twice; nothing behind it may overtake it, other keys go on."""
+    failures = {}
+    lock = threading.Lock()
+
+    def respond(req: Request):
+        body = req.json
+        with lock:
+            if body["seq"] == 1 and failures.get(body["key"], 0) < 2:
+                failures[body["key"]] = failures.get(body["key"], 0) + 1
+                return 503, {"Retry-After": "0"}, b"try again"
+        return 200, {}, b"ok"
+
+    receiver.respond = respond
+    app.route("orders.", HttpSink(receiver.url), ordered=True)
+    messages = [("orders.changed", {"key": k, "seq": s}, {"key": k}) for s in range(5) for k in ("a", "b", "c")]
+    messages.append(("orders.changed", {"key": None, "seq": 0}, {}))
+    publish(app, joblane_dsn, *messages)
+    async with relay(app, batch_size=7) as r:
+        for _ in range(30):
+            await r.run_once()
+            if not outbox_rows(conn, app, "state <> 'sent'"):
+                break
+    assert outbox_rows(conn, app, "state <> 'sent'") == []
+    delivered: dict[str, list[int]] = {}
+    for req in receiver.posts():
+        delivered.setdefault(req.json["key"], []).append(req.json["seq"])
+    for k in ("a", "b", "c"):
+        # the failed tries of seq 1 appear twice before its success; no later seq before them
+        assert delivered[k] == [0, 1, 1, 1, 2, 3, 4], (k, delivered[k])
+    assert delivered[None] == [0]
+
+
+async def test_unordered_route_does_not_hold_a_key_back(app, conn, joblane_dsn, receiver):
+    receiver.respond = lambda req: (503, {"Retry-After": "60"}, b"") if req.json["seq"] == 0 else (200, {}, b"")
+    app.route("", HttpSink(receiver.url))
+    ids = publish(app, joblane_dsn, *[("t.x", {"seq": s}, {"key": "same"}) for s in range(3)])
+    async with relay(app) as r:
+        result = await r.run_once()
+    assert (result.sent, result.retried) == (2, 1)
+    assert [s for _, s, *_ in outbox_rows(conn, app)] == ["pending", "sent", "sent"]
+    assert ids
+
+
+async def test_a_failed_row_holds_its_key_until_retried(app, conn, joblane_dsn, receiver):
+    receiver.respond = lambda req: (400, {}, b"rejected") if req.json["seq"] == 0 else (200, {}, b"")
+    app.route("", HttpSink(receiver.url), ordered=True)
+    ids = publish(app, joblane_dsn, *[("t.x", {"seq": s}, {"key": "k"}) for s in range(3)],
+                  ("t.x", {"seq": 9}, {"key": "other"}))
+    async with relay(app) as r:
+        first = await r.run_once()
+        assert (first.failed, first.released, first.sent) == (1, 2, 1)
+        assert (await r.run_once()).claimed == 0, "rows behind a failed row wait"
+        assert [a for _, _, a, *_ in outbox_rows(conn, app)] == [1, 0, 0, 1], "released rows keep their attempts"
+        receiver.respond = lambda req: (200, {}, b"")
+        assert joblane.outbox.admin.retry(app, ids=[ids[0]]) == [ids[0]]
+        await r.run_once()
+    assert [s for _, s, *_ in outbox_rows(conn, app)] == ["sent"] * 4
+    assert [q.json["seq"] for q in receiver.posts()] == [0, 9, 0, 1, 2]
+
+
+async def test_an_expired_lease_is_taken_over_and_a_live_one_is_not(app, conn, joblane_dsn, receiver):
+    app.route("", HttpSink(receiver.url))
+    dead, alive = publish(app, joblane_dsn, ("t.x", {"n": 1}, {}), ("t.x", {"n": 2}, {}))
+    conn.execute(f'UPDATE "{app.schema}".outbox SET attempts = 1, relay = %s,'
+                 " lease_until = now() + CASE WHEN id = %s THEN interval '-1 second' ELSE interval '1 hour' END",
+                 ("killed-relay", dead))
+    async with relay(app) as r:
+        result = await r.run_once()
+    assert result.ids == {"sent": [dead]}
+    assert receiver.keys() == [f"outbox:{dead}"]
+    rows = conn.execute(f'SELECT id, state, attempts, relay FROM "{app.schema}".outbox ORDER BY id').fetchall()
+    assert rows == [(dead, "sent", 2, None), (alive, "pending", 1, "killed-relay")]
+
+
+async def test_an_outcome_after_the_lease_moved_on_is_not_recorded(app, conn, joblane_dsn, receiver):
+    """A slow relay's result for a row another relay took over must not overwrite it."""
+    release = threading.Event()
+
+    def respond(req):
+        release.wait(10)
+        return 500, {}, b"late failure"
+
+    receiver.respond = respond
+    app.route("", HttpSink(receiver.url))
+    [row] = publish(app, joblane_dsn, ("t.x", {}, {}))
+    async with relay(app, lease_seconds=30) as slow:
+        task = asyncio.create_task(slow.run_once())
+        await asyncio.sleep(0.3)
+        # the lease "expires" and another relay delivers the row
+        conn.execute(f'UPDATE "{app.schema}".outbox SET lease_until = now() - interval \'1 second\'')
+        receiver.respond = lambda req: (200, {}, b"")
+        async with relay(app) as fast:
+            assert (await fast.run_once()).sent == 1
+        release.set()
+        result = await task
+    assert result.stale == 1 and result.retried == 0
+    assert outbox_rows(conn, app)[0][1:3] == ("sent", 2)
+
+
+async def test_read_back_finds_the_record_and_does_not_send_it_again(app, conn, joblane_dsn, receiver):
+    """The destination creates the record but the answer is lost (503): the retry looks before it sends."""
+    receiver.respond = lambda req: (503, {"Retry-After": "0"}, b"response lost")
+    app.route("", HttpSink(receiver.url + "/records", find_url=lambda m: f"{receiver.url}/records/{m.idempotency_key}"))
+    ids = publish(app, joblane_dsn, ("t.x", {"n": 1}, {}), ("t.x", {"n": 2}, {}))
+    async with relay(app) as r:
+        assert (await r.run_once()).retried == 2
+        del receiver.records[f"outbox:{ids[1]}"]  # this one really was not created
+        receiver.respond = lambda req: (201, {}, b"created")
+        result = await r.run_once()
+    assert (result.sent, result.found) == (2, 1)
+    assert sorted(receiver.keys()) == [f"outbox:{ids[0]}", f"outbox:{ids[1]}", f"outbox:{ids[1]}"], \
+        "the found record was not posted again"
+    assert [s for _, s, *_ in outbox_rows(conn, app)] == ["sent", "sent"]
+
+
+async def test_longest_prefix_routes_and_unrouted_topics_stay_pending(app, conn, joblane_dsn, receiver):
+    app.route("crm.", HttpSink(receiver.url + "/crm"))
+    app.route("crm.audit.", HttpSink(receiver.url + "/audit"))
+    with pytest.raises(joblane.JoblaneError, match="routed twice"):
+        app.route("crm.", HttpSink(receiver.url))
+    publish(app, joblane_dsn, ("crm.lead", {}, {}), ("crm.audit.login", {}, {}), ("billing.invoice", {}, {}))
+    async with relay(app) as r:
+        assert (await r.run_once()).sent == 2
+    assert sorted(p.path for p in receiver.posts()) == ["/audit", "/crm"]
+    assert [s for _, s, *_ in outbox_rows(conn, app)] == ["sent", "sent", "pending"]
+
+
+async def test_two_relays_side_by_side_send_each_row_once(app, conn, joblane_dsn, receiver):
+    app.route("", HttpSink(receiver.url))
+    ids = publish(app, joblane_dsn, *[("t.bulk", {"i": i}, {"key": f"k{i % 7}"}) for i in range(300)])
+    relays = [relay(app, batch_size=20, concurrency=2, poll_interval=0.05) for _ in range(2)]
+    runs = [asyncio.create_task(r.run(install_signals=False)) for r in relays]
+    deadline = time.monotonic() + 30
+    while outbox_rows(conn, app, "state <> 'sent'") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    for r in relays:
+        r.request_stop()
+    stats = await asyncio.gather(*runs)
+    assert outbox_rows(conn, app, "state <> 'sent'") == []
+    keys = receiver.keys()
+    assert sorted(keys) == sorted(f"outbox:{i}" for i in ids), "every row exactly once"
+    assert all(s["sent"] > 0 for s in stats), f"both relays took part: {stats}"
+
+
+async def test_a_notification_wakes_an_idle_relay(app, conn, joblane_dsn, receiver):
+    app.route("", HttpSink(receiver.url))
+    r = Relay(app, listen=True, poll_interval=60.0, jitter=0.0)
+    run = asyncio.create_task(r.run(install_signals=False))
+    await r.started.wait()
+    await asyncio.sleep(0.5)  # the first (empty) claim is done; the relay now waits a minute
+    [row] = publish(app, joblane_dsn, ("t.x", {}, {}))
+    deadline = time.monotonic() + 20
+    while not receiver.posts() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    r.request_stop()
+    await run
+    assert receiver.keys() == [f"outbox:{row}"], "delivered long before the next poll"
