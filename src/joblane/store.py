@@ -21,22 +21,43 @@ def _unwrap(conn: Any) -> Any:
     """Find the DB-API connection under a SQLAlchemy session/connection or Django wrapper."""
     if isinstance(conn, (psycopg.Connection, psycopg.AsyncConnection)):
         return conn
-    # SQLAlchemy Session / AsyncSession / Connection: reach the driver connection
-    # without starting a second transaction.
-    get = getattr(conn, "connection", None)
-    if get is not None and callable(get) and type(conn).__module__.startswith("sqlalchemy"):
-        return _unwrap(get())
+    module = type(conn).__module__
+    if module.startswith("sqlalchemy.ext.asyncio"):
+        raise JoblaneError(f"a SQLAlchemy {type(conn).__name__} needs the *_async variant (await app.enqueue_async(...))")
+    # SQLAlchemy pooled connection (what Connection.connection holds): the driver's own connection.
     driver = getattr(conn, "driver_connection", None)
     if driver is not None:
         return _unwrap(driver)
+    if module.startswith("sqlalchemy"):
+        # Session.connection() is a method that joins (or begins) the session's
+        # transaction; Connection.connection is the pooled connection under it.
+        get = getattr(conn, "connection", None)
+        if get is not None:
+            return _unwrap(get() if callable(get) else get)
     dbapi = getattr(conn, "dbapi_connection", None)
     if dbapi is not None:
         return _unwrap(dbapi)
     # Django's connection wrapper: its psycopg connection is .connection once opened.
-    if type(conn).__module__.startswith("django"):
+    if module.startswith("django"):
         conn.ensure_connection()
         return _unwrap(conn.connection)
     return conn
+
+
+async def _unwrap_async(conn: Any) -> Any:
+    """``_unwrap`` for SQLAlchemy's AsyncSession/AsyncConnection, whose connection must be awaited."""
+    if not type(conn).__module__.startswith("sqlalchemy.ext.asyncio"):
+        return _unwrap(conn)
+    # AsyncSession.connection() joins (or begins) the session's transaction.
+    sa_conn = conn if hasattr(conn, "get_raw_connection") else await conn.connection()
+    pooled = await sa_conn.get_raw_connection()
+    raw = pooled.driver_connection
+    if is_asyncpg(raw) and not raw.is_in_transaction() and not getattr(pooled.dbapi_connection, "autocommit", False):
+        # SQLAlchemy's asyncpg adapter sends BEGIN lazily, with the first
+        # statement it runs itself; one that runs on the driver before it would
+        # commit on its own. Let SQLAlchemy open its transaction first.
+        await sa_conn.exec_driver_sql("SELECT 1")
+    return raw
 
 
 def is_asyncpg(conn: Any) -> bool:
@@ -58,7 +79,7 @@ def fetch(conn: Any, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
 
 async def fetch_async(conn: Any, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
     """Run ``sql`` on a psycopg AsyncConnection or an asyncpg connection."""
-    raw = _unwrap(conn)
+    raw = await _unwrap_async(conn)
     if isinstance(raw, psycopg.AsyncConnection):
         async with psycopg.AsyncRawCursor(raw) as cur:
             await cur.execute(sql, args)

@@ -66,6 +66,28 @@ def isolated_schema(dsn: str, schema: str | None = None, *, migrate: bool = True
             conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
 
 
+@contextlib.contextmanager
+def app_on_schema(app: App, schema: str) -> Iterator[App]:
+    """Point ``app`` (your project's own App, with its tasks) at ``schema`` until the block ends.
+
+    The App is changed in place, so code that reaches it as a module global
+    (a task that enqueues the next step) uses the test's schema too::
+
+        @pytest.fixture
+        def app(joblane_schema):
+            with app_on_schema(myproject.jobs.app, joblane_schema) as app:
+                yield app
+    """
+    from .queries import for_schema
+
+    saved = (app.schema, app.queries, app.channel)
+    app.schema, app.queries, app.channel = schema, for_schema(schema), f"{schema}_jobs"
+    try:
+        yield app
+    finally:
+        app.schema, app.queries, app.channel = saved
+
+
 async def drain(app: App, *, queues: list[str] | None = None, timeout: float = 30.0, **worker_options: Any) -> dict:
     """Run ``app``'s worker in this event loop until no job is ready or running; return outcome counts.
 

@@ -48,6 +48,17 @@ class Job:
         """Add fields to this attempt's metadata (stored as ``attempts.meta``)."""
         self.meta.update(fields)
 
+    def settle(self, cost: float) -> None:
+        """Report what this try really cost in its queue's weighted limit (tokens, say).
+
+        It replaces the estimate the job reserved when it started, once the
+        try has finished (stored as ``attempts.meta.settled_cost``).
+        """
+        cost = float(cost)
+        if not (cost >= 0 and cost != float("inf")):
+            raise ValueError(f"settle() takes a finite cost >= 0, got {cost!r}")
+        self.meta["settled_cost"] = cost
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -64,6 +75,7 @@ class Outcome:
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     meta: str | None = None  # JSON text
+    pause: float = 0.0  # seconds to pause the job's queue (RetryAfter(pause_queue=True))
 
 
 @dataclass

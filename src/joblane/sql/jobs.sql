@@ -4,12 +4,14 @@
 
 -- name: enqueue
 -- Insert one job in the caller's transaction; notify idle workers in the same round trip when $11.
+--
+-- $13 is the trace context (telemetry.py), NULL unless a span is active.
 WITH inserted AS (
     INSERT INTO {schema}.jobs
-           (queue, kind, payload, priority, max_attempts, run_after, unique_key, state, replay_of)
+           (queue, kind, payload, priority, max_attempts, run_after, unique_key, state, replay_of, headers)
     VALUES ($1, $2, $3::text::jsonb, $4, $5,
             coalesce($6::timestamptz, now()) + make_interval(secs => $7::float8),
-            $8, $9, $10)
+            $8, $9, $10, $13::text::jsonb)
     -- A duplicate unfinished unique_key is skipped instead of raising, so the
     -- caller's transaction is never aborted by a unique violation.
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'held')
@@ -80,7 +82,7 @@ UPDATE {schema}.jobs AS j
        lease_until = now() + make_interval(secs => $4::float8)
  WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.attempts, j.max_attempts,
-          j.priority, j.created_at, j.replay_of;
+          j.priority, j.created_at, j.replay_of, j.headers::text AS headers;
 
 -- name: complete_jobs
 -- Write many outcomes at once; a row changes only while it is still running this attempt for this worker.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import json
 import traceback
@@ -96,7 +97,8 @@ async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outc
         if task.is_async:
             call = task.fn(job)
         else:
-            call = asyncio.get_running_loop().run_in_executor(threads, task.fn, job)
+            # the thread sees this task's context (the run span, so the task's own spans nest under it)
+            call = asyncio.get_running_loop().run_in_executor(threads, contextvars.copy_context().run, task.fn, job)
         if task.timeout is not None:
             try:
                 value = await asyncio.wait_for(call, task.timeout)

@@ -21,6 +21,7 @@ from typing import Any
 
 import asyncpg
 
+from .. import telemetry
 from ..app import App
 from ..errors import JoblaneError, SchemaVersionError
 from ..maintenance import Pruner, Rescuer
@@ -186,10 +187,15 @@ class Worker:
             )
 
     async def _claim(self, n: int) -> list:
+        started_ns = telemetry.now_ns()
         async with self._pool.acquire() as conn:
             if self.limiter.active:  # one of our queues has limits or is paused (ratelimit.py)
-                return await self.limiter.claim(conn, n, self._claim_sql, self.name, self.lease_seconds)
-            return await conn.fetch(self._claim_sql, self.queues, n, self.name, self.lease_seconds)
+                rows = await self.limiter.claim(conn, n, self._claim_sql, self.name, self.lease_seconds,
+                                                self.concurrency - len(self._active))
+            else:
+                rows = await conn.fetch(self._claim_sql, self.queues, n, self.name, self.lease_seconds)
+        telemetry.claim_span(rows, started_ns, self.queues)  # a no-op unless OpenTelemetry is installed
+        return rows
 
     async def _write_outcomes(self, batch: list[Outcome]) -> None:
         cols: list[list[Any]] = [[] for _ in range(11)]
@@ -245,10 +251,10 @@ class Worker:
             id=row[0], queue=row[1], kind=row[2], payload=json.loads(row[3]), attempt=row[4],
             max_attempts=row[5], priority=row[6], created_at=row[7], replay_of=row[8],
         )
-        task = asyncio.create_task(self._run_job(job))
+        task = asyncio.create_task(self._run_job(job, row.get("headers")))  # trace context of the enqueue
         self._active[job.id] = (task, job)
 
-    async def _run_job(self, job: Job) -> None:
+    async def _run_job(self, job: Job, headers: str | None = None) -> None:
         outcome: Outcome | None
         started = None
         try:
@@ -256,8 +262,12 @@ class Worker:
                 started = now()
                 if self._stopping.is_set():
                     outcome = give_back(job, started, "worker shutting down before the task started")
+                elif self.limiter.active and self.limiter.paused_for(job.queue):  # claimed before a pause
+                    outcome = self.limiter.put_back(job, started)
                 else:
-                    outcome = await execute(self.app.tasks.get(job.kind), job, self._threads)
+                    with telemetry.run_span(job, headers) as span:
+                        outcome = await execute(self.app.tasks.get(job.kind), job, self._threads)
+                        telemetry.end_run(span, outcome)
         except asyncio.CancelledError:
             if job.id in self._revoked:
                 outcome = None  # cancelled or rescued elsewhere; the database already says so
@@ -267,7 +277,10 @@ class Worker:
         finally:
             self._active.pop(job.id, None)
             self._slot.set()
+            if self.limiter.active:  # limited queues claim into free run slots only: claim again now
+                self._wake.set()
         if outcome is not None:
+            telemetry.job_finished(self, job, outcome, headers)  # metrics and the log line
             if outcome.pause:  # RetryAfter(pause_queue=True): stop the queue here and for every worker
                 await self.limiter.pause(job.queue, outcome.pause, outcome.error)
             await self.completer.put(outcome)

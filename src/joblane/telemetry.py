@@ -1,0 +1,325 @@
+"""Traces, metrics and one log line per job outcome. Each is optional and costs next to nothing when off.
+
+Traces (``pip install 'joblane[telemetry]'``, OpenTelemetry API): spans
+around enqueue, publish, claim, run and outbox delivery. The W3C trace
+context of an enqueue is stored in the job's ``headers`` column (never in
+its payload) and becomes the parent of the job's run span; a publish adds
+``traceparent`` to the outbox row's headers, so the relay's delivery span
+continues the trace and the broker receives it. A trace thus goes from the
+web request to the worker to the broker. Nothing is recorded until the
+application installs an OpenTelemetry SDK (until then joblane skips the
+work entirely); ``headers`` stays NULL while no span is active.
+
+Metrics (prometheus-client): ``joblane worker --metrics-port 9464`` serves
+``/metrics`` (see :func:`serve_metrics`).
+
+Logs: the logger ``joblane.jobs`` writes one line per job outcome at INFO,
+with its fields under ``record.joblane`` (``--log-format json`` prints them
+as JSON keys).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .types import Job, Outcome
+
+try:
+    from opentelemetry import propagate as _propagate
+    from opentelemetry import trace as _trace
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind, Status, StatusCode
+except ImportError:  # the [telemetry] extra is not installed: every span is a no-op
+    _trace = None
+
+job_log = logging.getLogger("joblane.jobs")
+
+_NULL = contextlib.nullcontext()
+_SYSTEM = "joblane"
+_CLAIM_IDS_SHOWN = 100
+_provider: Any = None  # set_tracer_provider(); None: OpenTelemetry's global provider
+_cached: tuple[Any, Any] = (None, None)  # (provider, its tracer, or None when it records nothing)
+# No provider set, and none to load from the environment on first use (the API's own rule).
+_FAST_UNSET = (_trace is not None and hasattr(_trace, "_TRACER_PROVIDER")
+               and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ)
+
+
+def set_tracer_provider(provider: Any) -> None:
+    """Make joblane's spans with ``provider`` instead of OpenTelemetry's global one (None: the global again)."""
+    global _provider
+    _provider = provider
+
+
+def _tracer() -> Any:
+    """joblane's tracer, or None while no SDK is set up (the API alone records nothing: skip the work)."""
+    global _cached
+    if _trace is None:
+        return None
+    provider = _provider
+    if provider is None:
+        # get_tracer_provider() reads os.environ on every call while no provider
+        # is set; this check keeps an enqueue without tracing within a microsecond.
+        if _FAST_UNSET and _trace._TRACER_PROVIDER is None:
+            return None
+        provider = _trace.get_tracer_provider()
+    if provider is not _cached[0]:
+        live = not isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider))
+        _cached = (provider, provider.get_tracer("joblane") if live else None)
+    return _cached[1]
+
+
+def tracing() -> bool:
+    """Whether spans are being recorded: the OpenTelemetry API is installed and an SDK is set up."""
+    return _tracer() is not None
+
+
+def _carrier() -> dict[str, str]:
+    """The current trace context as headers (``traceparent``, ``tracestate``), empty when no span is active."""
+    if not _trace.get_current_span().get_span_context().is_valid:
+        return {}
+    carrier: dict[str, str] = {}
+    _propagate.inject(carrier)
+    return carrier
+
+
+# -- enqueue and publish (the caller's process) -----------------------------
+
+
+def enqueue_span(kind: str, queue: str, count: int = 1) -> contextlib.AbstractContextManager[str | None]:
+    """A producer span around an enqueue; yields the ``headers`` JSON to store with the job(s), or None."""
+    tracer = _tracer()
+    if tracer is None:
+        return _NULL
+    return _enqueue(tracer, kind, queue, count)
+
+
+@contextlib.contextmanager
+def _enqueue(tracer: Any, kind: str, queue: str, count: int) -> Iterator[str | None]:
+    attributes = {"messaging.system": _SYSTEM, "messaging.operation.type": "send",
+                  "messaging.destination.name": queue, "joblane.job.kind": kind}
+    if count != 1:
+        attributes["messaging.batch.message_count"] = count
+    with tracer.start_as_current_span(f"enqueue {kind}", kind=SpanKind.PRODUCER, attributes=attributes):
+        carrier = _carrier()
+        yield json.dumps(carrier, separators=(",", ":")) if carrier else None
+
+
+def publish_span(topic: str, headers: Mapping[str, str] | None) -> contextlib.AbstractContextManager[Any]:
+    """A producer span around a publish; yields the headers to store: the caller's plus ``traceparent``.
+
+    A ``traceparent`` the caller set is kept.
+    """
+    tracer = _tracer()
+    if tracer is None:
+        return contextlib.nullcontext(headers)
+    return _publish(tracer, topic, headers)
+
+
+@contextlib.contextmanager
+def _publish(tracer: Any, topic: str, headers: Mapping[str, str] | None) -> Iterator[Any]:
+    attributes = {"messaging.system": _SYSTEM, "messaging.operation.type": "send",
+                  "messaging.destination.name": topic}
+    with tracer.start_as_current_span(f"publish {topic}", kind=SpanKind.PRODUCER, attributes=attributes):
+        carrier = _carrier()
+        if not carrier or (headers is not None and not isinstance(headers, Mapping)):
+            yield headers  # bad headers are reported by publish itself
+        else:
+            yield {**carrier, **(headers or {})}
+
+
+# -- the worker -------------------------------------------------------------
+
+
+def claim_span(rows: Sequence[Any], started_ns: int, queues: Sequence[str]) -> None:
+    """Record a claim that leased jobs (empty polls make no span), from ``started_ns`` until now."""
+    if not rows:
+        return
+    tracer = _tracer()
+    if tracer is None:
+        return
+    span = tracer.start_span(
+        "claim", kind=SpanKind.CONSUMER, start_time=started_ns,
+        attributes={"messaging.system": _SYSTEM, "messaging.operation.type": "receive",
+                    "messaging.batch.message_count": len(rows), "joblane.queues": list(queues),
+                    "joblane.job.ids": [r[0] for r in rows[:_CLAIM_IDS_SHOWN]]})
+    span.end()
+
+
+def run_span(job: Job, headers: str | None) -> contextlib.AbstractContextManager[Any]:
+    """A consumer span around one try of a job, child of the span that enqueued it."""
+    tracer = _tracer()
+    if tracer is None:
+        return _NULL
+    return _run(tracer, job, headers)
+
+
+@contextlib.contextmanager
+def _run(tracer: Any, job: Job, headers: str | None) -> Iterator[Any]:
+    parent = None
+    if headers:
+        try:
+            parent = _propagate.extract(json.loads(headers))
+        except ValueError:
+            parent = None
+    attributes = {"messaging.system": _SYSTEM, "messaging.operation.type": "process",
+                  "messaging.destination.name": job.queue, "messaging.message.id": str(job.id),
+                  "joblane.job.kind": job.kind, "joblane.job.attempt": job.attempt}
+    with tracer.start_as_current_span(f"run {job.kind}", context=parent, kind=SpanKind.CONSUMER,
+                                       attributes=attributes) as span:
+        yield span
+
+
+def end_run(span: Any, outcome: Outcome) -> None:
+    """Mark the run span with the outcome; an error or a give-up sets its status to ERROR."""
+    if span is None:
+        return
+    span.set_attribute("joblane.outcome", outcome.outcome)
+    if outcome.outcome in ("retry", "failed"):
+        span.set_status(Status(StatusCode.ERROR, outcome.error or outcome.outcome))
+
+
+def job_finished(worker: Any, job: Job, outcome: Outcome, headers: str | None = None) -> None:
+    """Metrics and the log line of one outcome (called by the worker before the completer writes it).
+
+    ``headers`` are the job's: the log line carries the trace id of the enqueue that started it.
+    """
+    metrics = getattr(worker, "metrics", None)
+    if metrics is not None:
+        metrics.observe(job, outcome)
+    if job_log.isEnabledFor(logging.INFO):
+        seconds = (outcome.finished_at - outcome.started_at).total_seconds() \
+            if outcome.finished_at and outcome.started_at else None
+        fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
+                  "max_attempts": job.max_attempts, "outcome": outcome.outcome, "state": outcome.state,
+                  "seconds": round(seconds, 6) if seconds is not None else None}
+        if outcome.error:
+            fields["error"] = outcome.error
+        if outcome.delay and outcome.state == "pending":
+            fields["retry_in"] = round(outcome.delay, 3)
+        if headers:
+            parent = json.loads(headers).get("traceparent", "")
+            if parent.count("-") == 3:
+                fields["trace_id"] = parent.split("-")[1]
+        took = f" in {seconds:.3f}s" if seconds is not None else ""
+        why = f": {outcome.error}" if outcome.error else ""
+        job_log.info("job %d %s (%s) attempt %d/%d: %s%s%s", job.id, job.kind, job.queue, job.attempt,
+                     job.max_attempts, outcome.outcome, took, why, extra={"joblane": fields})
+
+
+# -- the relay --------------------------------------------------------------
+
+
+def delivered(outcomes: Sequence[Any], started_ns: int) -> None:
+    """One producer span per delivered outbox row, from ``started_ns`` until now, child of its publish span.
+
+    ``outcomes`` are the relay's: each has ``message`` (with ``headers``),
+    ``outcome`` (sent, retry, failed, released) and ``error``.
+    """
+    if not outcomes:
+        return
+    tracer = _tracer()
+    if tracer is None:
+        return
+    for o in outcomes:
+        m = o.message
+        parent = _propagate.extract(m.headers) if m.headers else None
+        span = tracer.start_span(
+            f"deliver {m.topic}", context=parent, kind=SpanKind.PRODUCER, start_time=started_ns,
+            attributes={"messaging.system": _SYSTEM, "messaging.operation.type": "send",
+                        "messaging.destination.name": m.topic, "messaging.message.id": m.idempotency_key,
+                        "joblane.outbox.id": m.id, "joblane.outbox.attempt": m.attempt,
+                        "joblane.outcome": o.outcome})
+        if o.outcome in ("retry", "failed"):
+            span.set_status(Status(StatusCode.ERROR, o.error or o.outcome))
+        span.end()
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+# -- Prometheus -------------------------------------------------------------
+
+
+class WorkerMetrics:
+    """The metrics of one worker, in their own registry (so tests may run several workers in a process).
+
+    * ``joblane_jobs_total{queue,kind,outcome}``: tries by outcome (done, retry, snoozed, failed, held);
+    * ``joblane_job_duration_seconds{queue,kind}``: how long tries ran;
+    * ``joblane_jobs_running``: tries running now;
+    * ``joblane_completions_stale_total``: outcomes that arrived after their job was rescued or cancelled.
+    """
+
+    def __init__(self, worker: Any):
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        except ImportError:  # pragma: no cover - the [telemetry] extra is missing
+            from .errors import JoblaneError
+
+            raise JoblaneError("--metrics-port needs prometheus-client: pip install 'joblane[telemetry]'") from None
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.jobs = Counter("joblane_jobs_total", "Job tries by outcome.", ["queue", "kind", "outcome"],
+                            registry=self.registry)
+        self.duration = Histogram("joblane_job_duration_seconds", "How long job tries ran.", ["queue", "kind"],
+                                  registry=self.registry,
+                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+        running = Gauge("joblane_jobs_running", "Job tries running now.", registry=self.registry)
+        running.set_function(lambda: len(worker.active_jobs))
+        self.registry.register(_StaleCollector(worker))
+
+    def observe(self, job: Job, outcome: Outcome) -> None:
+        self.jobs.labels(job.queue, job.kind, outcome.outcome).inc()
+        if outcome.started_at is not None and outcome.finished_at is not None:
+            self.duration.labels(job.queue, job.kind).observe(
+                (outcome.finished_at - outcome.started_at).total_seconds())
+
+    server: Any = None
+    port: int | None = None
+
+    def close(self) -> None:
+        """Stop serving (``serve_metrics`` started the server)."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+class _StaleCollector:
+    """Read at scrape time from the worker's own counters: nothing on the hot path."""
+
+    def __init__(self, worker: Any):
+        self.worker = worker
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("joblane_completions_stale",
+                                  "Outcomes that arrived after their job was rescued or cancelled.",
+                                  value=self.worker.stats.get("stale", 0))
+
+
+def serve_metrics(worker: Any, port: int, host: str = "0.0.0.0") -> WorkerMetrics:
+    """Attach metrics to ``worker`` and serve them at ``http://host:port/metrics`` from a thread."""
+    from prometheus_client import start_http_server
+
+    from .errors import JoblaneError
+
+    metrics = WorkerMetrics(worker)
+    try:
+        metrics.server, _ = start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as exc:
+        raise JoblaneError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+    metrics.port = metrics.server.server_port
+    logging.getLogger("joblane.worker").info("metrics at http://%s:%d/metrics", host, metrics.port)
+    worker.metrics = metrics
+    return metrics
