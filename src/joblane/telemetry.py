@@ -191,7 +191,15 @@ def job_finished(worker: Any, job: Job, outcome: Outcome, headers: str | None = 
     metrics = getattr(worker, "metrics", None)
     if metrics is not None:
         metrics.observe(job, outcome)
-    if job_log.isEnabledFor(logging.INFO):
+    # done is the common case and logs at DEBUG (`joblane worker -v`), so a busy
+    # worker is not slowed by a line per job; retries, holds and failures at INFO/WARNING
+    if outcome.outcome == "done":
+        level = logging.DEBUG
+    elif outcome.state == "failed":
+        level = logging.WARNING
+    else:
+        level = logging.INFO
+    if job_log.isEnabledFor(level):
         seconds = (outcome.finished_at - outcome.started_at).total_seconds() \
             if outcome.finished_at and outcome.started_at else None
         fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
@@ -207,7 +215,7 @@ def job_finished(worker: Any, job: Job, outcome: Outcome, headers: str | None = 
                 fields["trace_id"] = parent.split("-")[1]
         took = f" in {seconds:.3f}s" if seconds is not None else ""
         why = f": {outcome.error}" if outcome.error else ""
-        job_log.info("job %d %s (%s) attempt %d/%d: %s%s%s", job.id, job.kind, job.queue, job.attempt,
+        job_log.log(level, "job %d %s (%s) attempt %d/%d: %s%s%s", job.id, job.kind, job.queue, job.attempt,
                      job.max_attempts, outcome.outcome, took, why, extra={"joblane": fields})
 
 
