@@ -9,6 +9,8 @@ import pytest
 
 import joblane
 from joblane.maintenance import Pruner, Rescuer
+from joblane.store import outcome_rows
+from joblane.types import Outcome
 from joblane.testing import drain
 from joblane.worker import Worker
 
@@ -132,8 +134,8 @@ async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_ds
         await Rescuer(app.queries, app.schema, interval=1).run_once(c)
         [again] = await c.fetch(app.queries.claim_jobs, ["default"], 1, "other-worker", 30.0)
         assert again["id"] == job_id and again["attempts"] == 2
-        applied = await c.fetch(app.queries.complete_jobs, [job_id], [1], ["done"], ["done"], [None], [0.0], [0],
-                                [None], [None], [None], [None], "slow-worker")
+        late = Outcome(job_id=job_id, attempt=1, state="done", outcome="done")
+        applied = await c.fetch(app.queries.complete_jobs, outcome_rows([late]), "slow-worker")
         assert applied == []
     finally:
         await c.close()

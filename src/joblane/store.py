@@ -10,6 +10,7 @@ once for all of them.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 import psycopg
@@ -58,6 +59,23 @@ async def _unwrap_async(conn: Any) -> Any:
         # commit on its own. Let SQLAlchemy open its transaction first.
         await sa_conn.exec_driver_sql("SELECT 1")
     return raw
+
+
+_OUTCOME = ('{"id":%d,"attempt":%d,"state":"%s","outcome":"%s","error":%s,"delay":%r,"refund":%d,'
+            '"result":%s,"started_at":%s,"finished_at":%s,"meta":%s}')
+
+
+def outcome_rows(outcomes: Sequence[Any]) -> str:
+    """The JSON array ``complete_jobs`` takes as $1: one object per Outcome (types.Outcome)."""
+    encode = json.JSONEncoder(ensure_ascii=False).encode
+    return "[" + ",".join(
+        _OUTCOME % (o.job_id, o.attempt, o.state, o.outcome, "null" if o.error is None else encode(o.error),
+                    float(o.delay), o.refund, "null" if o.result is None else o.result,
+                    "null" if o.started_at is None else repr(float(o.started_at)),
+                    "null" if o.finished_at is None else repr(float(o.finished_at)),
+                    "null" if o.meta is None else o.meta)
+        for o in outcomes
+    ) + "]"
 
 
 def is_asyncpg(conn: Any) -> bool:

@@ -200,7 +200,7 @@ def job_finished(worker: Any, job: Job, outcome: Outcome, headers: str | None = 
     else:
         level = logging.INFO
     if job_log.isEnabledFor(level):
-        seconds = (outcome.finished_at - outcome.started_at).total_seconds() \
+        seconds = outcome.finished_at - outcome.started_at \
             if outcome.finished_at and outcome.started_at else None
         fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
                   "max_attempts": job.max_attempts, "outcome": outcome.outcome, "state": outcome.state,
@@ -284,7 +284,7 @@ class WorkerMetrics:
         self.jobs.labels(job.queue, job.kind, outcome.outcome).inc()
         if outcome.started_at is not None and outcome.finished_at is not None:
             self.duration.labels(job.queue, job.kind).observe(
-                (outcome.finished_at - outcome.started_at).total_seconds())
+                outcome.finished_at - outcome.started_at)
 
     server: Any = None
     port: int | None = None

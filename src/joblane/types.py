@@ -72,8 +72,8 @@ class Outcome:
     delay: float = 0.0  # seconds until run_after, when state is pending
     refund: int = 0  # 1 when the try does not spend the attempt budget
     result: str | None = None  # JSON text
-    started_at: dt.datetime | None = None
-    finished_at: dt.datetime | None = None
+    started_at: float | None = None  # epoch seconds (time.time())
+    finished_at: float | None = None
     meta: str | None = None  # JSON text
     pause: float = 0.0  # seconds to pause the job's queue (RetryAfter(pause_queue=True))
 

@@ -39,7 +39,7 @@ SELECT attempt, worker, started_at, finished_at, outcome, error, meta::text AS m
 -- name: retry_jobs
 -- Put failed or cancelled jobs back to pending: ids $1, or all matching kind $2 / queue $3 when $1 is NULL; $4 limits the filter.
 WITH target AS (
-    SELECT j.id
+    SELECT j.id, j.unique_key
       FROM {schema}.jobs AS j
      WHERE j.state IN ('failed', 'cancelled')
        AND (($1::bigint[] IS NOT NULL AND j.id = ANY($1))
@@ -52,12 +52,17 @@ WITH target AS (
              SELECT 1 FROM {schema}.jobs AS o
               WHERE o.unique_key = j.unique_key AND o.state IN ('pending', 'running', 'held')))
      FOR UPDATE SKIP LOCKED
+), chosen AS (
+    -- at most one job per unique_key (the newest): reviving two would break jobs_unique_key
+    SELECT DISTINCT ON (unique_key, CASE WHEN unique_key IS NULL THEN id END) id
+      FROM target
+     ORDER BY unique_key, CASE WHEN unique_key IS NULL THEN id END, id DESC
 )
 UPDATE {schema}.jobs AS j
    SET state = 'pending', run_after = now(), finished_at = NULL,
        max_attempts = greatest(j.max_attempts, j.attempts + 1)
-  FROM target
- WHERE j.id = ANY(ARRAY(SELECT id FROM target)) AND j.id = target.id
+  FROM chosen
+ WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.id = chosen.id
 RETURNING j.id;
 
 -- name: cancel_jobs

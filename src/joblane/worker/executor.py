@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import datetime as dt
 import json
+import math
+import time
 import traceback
 from concurrent.futures import Executor
 from typing import Any
@@ -76,8 +77,9 @@ def _bounded(seconds: Any) -> float:
     return min(seconds, _MAX_DELAY)
 
 
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+def now() -> float:
+    """Epoch seconds: what Outcome.started_at/finished_at hold (cheaper than datetimes on the hot path)."""
+    return time.time()
 
 
 async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outcome:  # noqa: C901
@@ -144,14 +146,17 @@ async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outc
         return _outcome(job, PENDING, OUTCOME_RETRY, started, error=describe(exc), delay=delay, extra=meta_extra)
 
 
-def give_back(job: Job, started: dt.datetime | None, reason: str) -> Outcome:
+def give_back(job: Job, started: float | None, reason: str) -> Outcome:
     """A job the worker could not finish before shutting down: pending again, attempt not spent."""
     return _outcome(job, PENDING, OUTCOME_SNOOZED, started or now(), error=reason, refund=1)
 
 
-def _outcome(job: Job, state: str, outcome: str, started: dt.datetime, *, error: str | None = None,
+def _outcome(job: Job, state: str, outcome: str, started: float, *, error: str | None = None,
              delay: float = 0.0, refund: int = 0, result: str | None = None,
              extra: dict[str, Any] | None = None) -> Outcome:
+    delay = float(delay)
+    if not math.isfinite(delay) or delay < 0:  # a user's backoff function returned nonsense
+        delay = 0.0 if delay != float("inf") else 10 * 365 * 86400.0
     meta = dict(job.meta)
     if extra:
         meta.update(extra)

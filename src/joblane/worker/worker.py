@@ -28,6 +28,7 @@ from ..maintenance import Pruner, Rescuer
 from ..migrations import latest_version
 from ..queries import quote_ident
 from ..ratelimit import Limiter
+from ..store import outcome_rows
 from ..types import Job, Outcome
 from .batcher import Batcher
 from .executor import execute, give_back, now
@@ -198,13 +199,9 @@ class Worker:
         return rows
 
     async def _write_outcomes(self, batch: list[Outcome]) -> None:
-        cols: list[list[Any]] = [[] for _ in range(11)]
-        for o in batch:
-            for col, value in zip(cols, (o.job_id, o.attempt, o.state, o.outcome, o.error, o.delay, o.refund,
-                                         o.result, o.started_at, o.finished_at, o.meta)):
-                col.append(value)
+        rows = outcome_rows(batch)
         async with self._pool.acquire() as conn:
-            applied = await conn.fetch(self._complete_sql, *cols, self.name)
+            applied = await conn.fetch(self._complete_sql, rows, self.name)
         for o in batch:
             self.stats[o.outcome] += 1
         skipped = len(batch) - len(applied)

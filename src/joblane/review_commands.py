@@ -1,0 +1,368 @@
+"""`joblane held|release|reject|replay|attempts|limits`: the review queue, replays, the audit trail, queue limits."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import os
+import sys
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from . import ratelimit, review
+from .cli import Fail, _app, _age, _run, _when, console, emit_json
+from .types import JOB_STATES
+
+
+def _text(value: Any, width: int | None = None) -> str:
+    """A table cell: JSON for data, "-" for nothing, never rich markup."""
+    if value is None:
+        return "-"
+    if isinstance(value, dt.datetime):
+        return _when(value)
+    text = value if isinstance(value, str) else json.dumps(value)
+    if width is not None and len(text) > width:
+        text = text[: width - 1] + "…"
+    return escape(text)
+
+
+def _patch(sets: tuple[str, ...]) -> dict[str, Any] | None:
+    return _run(lambda: review.parse_sets(sets)) if sets else None
+
+
+_SET_HELP = "Set a payload field: key=value (value read as JSON when it parses, else text); repeatable."
+
+
+# -- the review queue ----------------------------------------------------------
+
+
+@click.command()
+@click.option("--queue")
+@click.option("--kind")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def held(ctx: click.Context, queue, kind, limit, as_json) -> None:
+    """The review queue: held jobs, longest held first, with the reason and data."""
+    app = _app(ctx)
+    rows = _run(lambda: app.held_jobs(queue=queue, kind=kind, limit=limit))
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        console.print("no held jobs")
+        return
+    now = dt.datetime.now(dt.timezone.utc)
+    table = Table(title=f"held jobs (schema {app.schema})")
+    for col in ("id", "queue", "kind", "held for", "reason", "data"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(str(r["id"]), r["queue"], r["kind"], _age((now - r["held_since"]).total_seconds()),
+                      _text(r["reason"] or "held at enqueue", 80), _text(r["data"], 120))
+    console.print(table)
+    console.print("[dim]joblane release ID [--set key=value]  |  joblane reject ID --reason TEXT[/dim]")
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
+@click.option("--note", help="Recorded with the release in the audit trail.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def release(ctx: click.Context, job_id: int, sets, note, as_json) -> None:
+    """Send held job JOB_ID back to pending, optionally with payload fields changed."""
+    app = _app(ctx)
+    patch = _patch(sets)
+    _run(lambda: app.release(None, job_id, patch, note=note))
+    if as_json:
+        emit_json({"released": job_id, "payload_patch": patch or {}})
+    else:
+        console.print(f"released job {job_id}" + (f" with {escape(json.dumps(patch))}" if patch else ""))
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--reason", required=True, help="Why it is rejected (recorded as last_error and in the audit trail).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def reject(ctx: click.Context, job_id: int, reason: str, as_json) -> None:
+    """Cancel held job JOB_ID, recording why."""
+    app = _app(ctx)
+    _run(lambda: app.reject(None, job_id, reason))
+    if as_json:
+        emit_json({"rejected": job_id, "reason": reason})
+    else:
+        console.print(f"rejected job {job_id}: {escape(reason)}")
+
+
+# -- replays -------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1, type=int)
+@click.option("--kind")
+@click.option("--queue")
+@click.option("--state", "states", multiple=True, type=click.Choice(JOB_STATES),
+              help="Match jobs in this state (repeatable; default: done, failed and cancelled).")
+@click.option("--since", help="Finished (or, if unfinished, created) at most this long ago (24h, 30m, 7d) or since an ISO time.")
+@click.option("--until", help="... and before this (same forms).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
+@click.option("--skip-replayed", is_flag=True, help="Leave out jobs that already have a replay.")
+@click.option("--limit", type=click.IntRange(1), help="Replay at most this many (oldest ids first).")
+@click.option("--dry-run", is_flag=True, help="Show what would be inserted; insert nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def replay(ctx: click.Context, job_ids, kind, queue, states, since, until, sets, skip_replayed, limit, dry_run,
+           as_json) -> None:
+    """Insert new jobs copied from matching ones (payload patched, replay_of set); the old rows stay as they are.
+
+    Example: joblane replay --kind classify --state failed --since 24h --set prompt_version=v2
+    """
+    app = _app(ctx)
+    patch = _patch(sets)
+    rows = _run(lambda: app.replay(
+        None, ids=list(job_ids) or None, kind=kind, queue=queue, state=list(states) or None, since=since,
+        until=until, payload_patch=patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry_run))
+    if as_json:
+        emit_json({"dry_run": dry_run, "jobs": rows})
+        return
+    if not rows:
+        console.print("no jobs match: nothing to replay")
+        return
+    shown = rows[:50]
+    table = Table(title=("would insert" if dry_run else "inserted") + f" {len(rows)} job{'s' * (len(rows) != 1)}")
+    for col in ("replay of", "new id", "kind", "queue", "was", "payload"):
+        table.add_column(col, overflow="fold")
+    for r in shown:
+        table.add_row(str(r["replay_of"]), "-" if r["id"] is None else str(r["id"]), r["kind"], r["queue"],
+                      r["state"], _text(r["payload"], 120))
+    console.print(table)
+    if len(rows) > len(shown):
+        console.print(f"[dim]... and {len(rows) - len(shown)} more (--json lists them all)[/dim]")
+    if dry_run:
+        console.print("[dim]dry run: nothing was inserted[/dim]")
+
+
+# -- the attempt audit trail ---------------------------------------------------
+
+_OUTCOMES = click.Choice(review.OUTCOMES)
+
+
+@click.group(invoke_without_command=True)
+@click.option("--kind")
+@click.option("--queue")
+@click.option("--outcome", type=_OUTCOMES)
+@click.option("--model", help="Attempts whose metadata records this model.")
+@click.option("--since", help="Finished at most this long ago (24h, 30m, 7d) or since an ISO time.")
+@click.option("--job", "job_id", type=int, help="Attempts of one job.")
+@click.option("--before", "before_id", type=int, help="Only attempt ids below this (next page).")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def attempts(ctx: click.Context, kind, queue, outcome, model, since, job_id, before_id, limit, as_json) -> None:
+    """List attempts newest first (`joblane attempts export` writes them all as CSV or JSON lines)."""
+    if ctx.invoked_subcommand:
+        return
+    app = _app(ctx)
+    rows = _run(lambda: app.list_attempts(kind=kind, queue=queue, outcome=outcome, model=model, since=since,
+                                          job_id=job_id, before_id=before_id, limit=limit))
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        console.print("no attempts match")
+        return
+    table = Table()
+    for col in ("id", "job", "kind", "#", "outcome", "job state", "finished", "ms", "meta", "error"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        ms = "-"
+        if r["started_at"] and r["finished_at"]:
+            ms = f"{(r['finished_at'] - r['started_at']).total_seconds() * 1000:.0f}"
+        table.add_row(str(r["id"]), str(r["job_id"]), _text(r["kind"]), str(r["attempt"]), r["outcome"],
+                      _text(r["job_state"]), _when(r["finished_at"]), ms, _text(r["meta"], 80), _text(r["error"], 60))
+    console.print(table)
+    if len(rows) == limit:
+        console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
+
+
+# the columns of the CSV export: the attempt, the fields tasks commonly record (model ... settled_cost,
+# read from meta), then all of meta as JSON
+CSV_COLUMNS = ("id", "job_id", "kind", "queue", "attempt", "outcome", "job_state", "worker", "started_at",
+               "finished_at", "latency_ms", "model", "prompt_version", "tokens_in", "tokens_out", "cost",
+               "settled_cost", "replay_of", "error", "meta")
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, dt.datetime) else value
+
+
+@attempts.command("export")
+@click.option("--kind")
+@click.option("--queue")
+@click.option("--outcome", type=_OUTCOMES)
+@click.option("--model")
+@click.option("--since", help="Finished at most this long ago (24h, 30m, 7d) or since an ISO time.")
+@click.option("--until", help="Finished before this (same forms).")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="File to write (default: stdout).")
+@click.pass_context
+def attempts_export(ctx: click.Context, kind, queue, outcome, model, since, until, fmt, output) -> None:
+    """Write every matching attempt, oldest first, one per line, with its job's current state.
+
+    Rows stream from the database in pages, so the size of the export does
+    not matter. A file is written under a temporary name and renamed when complete.
+    """
+    app = _app(ctx)
+    rows = app.export_attempts(kind=kind, queue=queue, outcome=outcome, model=model, since=since, until=until)
+    partial = f"{output}.partial" if output else None
+    out = open(partial, "w", newline="", encoding="utf-8") if partial else sys.stdout
+
+    def write() -> int:
+        n = 0
+        if fmt == "csv":
+            writer = csv.writer(out)
+            writer.writerow(CSV_COLUMNS)
+            for r in rows:
+                meta = r["meta"]
+                r["started_at"], r["finished_at"] = _iso(r["started_at"]), _iso(r["finished_at"])
+                r["meta"] = json.dumps(meta)
+                # csv writes None as an empty field
+                writer.writerow([r[c] if c in r else meta.get(c) for c in CSV_COLUMNS])
+                n += 1
+        else:
+            for r in rows:
+                out.write(json.dumps({k: _iso(v) for k, v in r.items()}, default=str) + "\n")
+                n += 1
+        return n
+
+    try:
+        n = _run(write)
+    except BaseException:
+        if partial:
+            out.close()
+            os.unlink(partial)
+        raise
+    if partial:
+        out.close()
+        os.replace(partial, output)
+        console.print(f"wrote {n} attempt{'s' * (n != 1)} to {escape(output)}", highlight=False)
+
+
+# -- queue limits --------------------------------------------------------------
+
+
+@click.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def limits(ctx: click.Context, as_json: bool) -> None:
+    """Queue rate limits and pauses, with what the current windows hold."""
+    if ctx.invoked_subcommand:
+        return
+    app = _app(ctx)
+    rows = _run(lambda: ratelimit.status(app))
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        console.print("no queue has limits or a pause")
+        return
+    now = dt.datetime.now(dt.timezone.utc)
+    table = Table(title=f"queue limits (schema {app.schema})")
+    for col in ("queue", "starts", "running", "cost", "per key", "paused"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        starts = cost = per_key = "-"
+        if r["max_starts"] is not None:
+            starts = f"{r['starts']}/{r['max_starts']} per {ratelimit._span(r['starts_interval'])}"
+        running = f"{r['running']}/{r['concurrency']}" if r["concurrency"] is not None else str(r["running"])
+        if r["max_cost"] is not None:
+            cost = (f"{r['cost']:g}/{r['max_cost']:g} per {ratelimit._span(r['cost_interval'])}"
+                    f" (estimate {r['estimate'] or '-'}, default {r['default_estimate']:g})")
+        if r["per_key"] is not None:
+            per_key = f"{r['per_key']} per {r['key']}"
+        paused = "-"
+        if r["paused_until"] is not None:
+            paused = f"{_age((r['paused_until'] - now).total_seconds())} more" + (
+                f": {r['pause_reason']}" if r["pause_reason"] else "")
+        table.add_row(r["queue"], starts, running, escape(cost), escape(per_key), escape(paused))
+    console.print(table)
+
+
+@limits.command("set")
+@click.argument("queue")
+@click.option("--rate", help="Job starts per window: 10/s, 600/min, 100/5s.")
+@click.option("--concurrency", type=click.IntRange(1), help="Running jobs at once, all workers together.")
+@click.option("--cost", help="Weighted limit per window, e.g. tokens: 90000/min.")
+@click.option("--estimate", default="estimated_tokens", show_default=True,
+              help="Payload field holding a job's estimated cost (dotted path).")
+@click.option("--default-estimate", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Estimate of a job whose payload has none.")
+@click.option("--key", help="Payload field of the fairness key (dotted path), with --per-key.")
+@click.option("--per-key", type=click.IntRange(1), help="Running jobs at once per key.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def limits_set(ctx: click.Context, queue, rate, concurrency, cost, estimate, default_estimate, key, per_key,
+               as_json) -> None:
+    """Set (replace) the limits of QUEUE; workers pick them up within seconds.
+
+    A worker whose app declares limits for QUEUE (app.limit) writes those at start.
+    """
+    app = _app(ctx)
+    limit = _run(lambda: ratelimit.make_limit(queue, rate=rate, concurrency=concurrency, cost=cost,
+                                              estimate=estimate, default_estimate=default_estimate, key=key,
+                                              per_key=per_key))
+    _run(lambda: ratelimit.save(app, limit))
+    if as_json:
+        emit_json({"queue": queue, "limit": limit.describe()})
+    else:
+        console.print(f"queue {escape(queue)}: {escape(limit.describe())}")
+
+
+@limits.command("clear")
+@click.argument("queue")
+@click.pass_context
+def limits_clear(ctx: click.Context, queue) -> None:
+    """Remove the limits of QUEUE (its jobs go back to the plain claim)."""
+    app = _app(ctx)
+    if not _run(lambda: ratelimit.remove(app, queue)):
+        raise Fail(f"queue {queue!r} has no limits (see `joblane limits`)")
+    console.print(f"queue {escape(queue)}: limits removed")
+
+
+def _seconds(text: str) -> float:
+    seconds = review.parse_seconds(text)
+    if not seconds:
+        raise Fail(f"--for takes a duration such as 90s, 5m or 1h, got {text!r}")
+    return seconds
+
+
+@limits.command("pause")
+@click.argument("queue")
+@click.option("--for", "duration", required=True, help="How long: 90s, 5m, 1h.")
+@click.option("--reason")
+@click.pass_context
+def limits_pause(ctx: click.Context, queue, duration, reason) -> None:
+    """Stop every worker from starting jobs of QUEUE for a while (running jobs carry on)."""
+    app = _app(ctx)
+    seconds = _seconds(duration)
+    until = _run(lambda: app.pause_queue(None, queue, seconds, reason))
+    console.print(f"queue {escape(queue)} paused until {_when(until)}")
+
+
+@limits.command("resume")
+@click.argument("queue")
+@click.pass_context
+def limits_resume(ctx: click.Context, queue) -> None:
+    """End the pause of QUEUE now."""
+    app = _app(ctx)
+    if not _run(lambda: app.resume_queue(None, queue)):
+        raise Fail(f"queue {queue!r} is not paused")
+    console.print(f"queue {escape(queue)} resumed")
+
+
+COMMANDS = (held, release, reject, replay, attempts, limits)
