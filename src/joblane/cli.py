@@ -275,7 +275,7 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     table.add_row("payload", json.dumps(job["payload"], indent=2))
     # a held job's result is the data its task gave to Hold, for the reviewer
     table.add_row("hold data" if job["state"] == "held" else "result",
-                  "-" if job["result"] is None else json.dumps(job["result"], indent=2))
+                  "-" if job["result"] is None else escape(json.dumps(job["result"], indent=2)))
     if job.get("replays"):
         table.add_row("replayed by", ", ".join(f"{r['id']} ({r['state']})" for r in job["replays"]))
     console.print(table)
@@ -366,6 +366,10 @@ def _register_bench() -> None:
 
 
 _register_bench()
+
+from .demo import demo as _demo  # noqa: E402 - registered last, after the helpers it uses
+
+main.add_command(_demo)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -197,6 +197,7 @@ class Limiter:
         self.active = False
         self._wake = wake
         self._paused: dict[str, float] = {}  # queue -> time.monotonic() when the pause ends
+        self._recording: set[str] = set()  # queues whose pause this worker is writing (a refresh keeps them)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._turn = 0
@@ -231,6 +232,14 @@ class Limiter:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Refresh the limited and paused queues every ``refresh_interval`` seconds (jittered)."""
+        try:
+            await self._refresh_loop(stopping)
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    async def _refresh_loop(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             try:
                 await asyncio.wait_for(stopping.wait(), self.refresh_interval * random.uniform(0.8, 1.2))
@@ -249,7 +258,10 @@ class Limiter:
         rows = await conn.fetch(self._controls_sql, self.queues)
         now = time.monotonic()
         self.limited = {r[0] for r in rows if r[1]}
-        self._paused = {r[0]: now + float(r[2]) for r in rows if not r[1]}
+        paused = {r[0]: now + float(r[2]) for r in rows if not r[1]}
+        for queue in self._recording & self._paused.keys():
+            paused[queue] = max(paused.get(queue, 0.0), self._paused[queue])
+        self._paused = paused
         self._update()
         if self._paused:
             self._wake_at(min(self._paused.values()))
@@ -279,6 +291,7 @@ class Limiter:
         self._update()
         self._wake_at(until)
         log.warning("queue %s paused for %.1fs: %s", queue, seconds, reason or "RetryAfter(pause_queue=True)")
+        self._recording.add(queue)
         try:
             async with self._pool.acquire() as conn:
                 await conn.fetch(self._pause_sql, queue, float(seconds), reason)
@@ -287,6 +300,8 @@ class Limiter:
         except Exception as exc:
             log.warning("could not record the pause of queue %s (%s); other workers will not see it",
                         queue, _first_line(exc))
+        finally:
+            self._recording.discard(queue)
 
     def paused_for(self, queue: str) -> float:
         """Seconds ``queue`` stays paused, as this worker knows it (0 when it is not paused)."""
@@ -346,11 +361,6 @@ class Limiter:
         if len(rows) < n and retry_in is not None and retry_in > 0:
             self._wake_at(time.monotonic() + retry_in)
         return rows
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -69,12 +69,12 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
     return patch
 
 
-def _patch_json(patch: Any) -> str:
+def _patch_json(app: Any, patch: Any) -> str:
     from .app import to_json
 
     if patch is not None and not isinstance(patch, dict):
         raise JoblaneError(f"payload_patch must be a dict of fields to set, got {type(patch).__name__}")
-    return to_json("payload_patch", patch or {})
+    return to_json("payload_patch", patch or {}, app.max_payload_bytes)
 
 
 def _not_applied(app: Any, conn: Any, job_id: int, action: str) -> JoblaneError:
@@ -111,7 +111,7 @@ def release(app: Any, conn: Any, job_id: int, payload_patch: dict | None = None,
             note: str | None = None) -> int:
     from .app import _actor
 
-    patch = _patch_json(payload_patch)
+    patch = _patch_json(app, payload_patch)
     rows = app._admin(conn, "release_job", [job_id, patch, actor or _actor(), note, app.notify, app.channel])
     if rows:
         return rows[0][0]
@@ -143,7 +143,7 @@ def replay(app: Any, conn: Any, *, ids: Sequence[int] | None = None, kind: str |
             raise JoblaneError(f"unknown state {s!r}: use one of {', '.join(JOB_STATES)}")
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise JoblaneError(f"limit must be a positive integer, got {limit!r}")
-    patch = _patch_json(payload_patch)
+    patch = _patch_json(app, payload_patch)
     args = [list(ids) if ids is not None else None, kind, queue, states, parse_when(since, "since"),
             parse_when(until, "until"), skip_replayed, limit, patch, dry_run, app.notify, app.channel]
     rows = app._admin(conn, "replay_jobs", args)

@@ -242,6 +242,9 @@ def attempts_export(ctx: click.Context, kind, queue, outcome, model, since, unti
 
     try:
         n = _run(write)
+    except BrokenPipeError:  # the reader (| head) stopped early: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     except BaseException:
         if partial:
             out.close()

@@ -43,6 +43,24 @@ class Job:
     created_at: dt.datetime | None = None
     replay_of: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    _steps: Any = field(default=None, repr=False, compare=False)
+
+    async def step(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` (plain or async) once per job: a retry gets the stored JSON result.
+
+        ``await job.step("classify", call_model, text)``. The result is saved
+        as soon as the step succeeds, so a failure in a later step does not
+        repeat this one. Step names are unique within a job.
+        """
+        if self._steps is None:
+            raise RuntimeError("job.step needs a worker (or joblane.testing.drain) to run the job")
+        return await self._steps.run(name, fn, *args, **kwargs)
+
+    def step_sync(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``step`` for plain (threaded) tasks."""
+        if self._steps is None:
+            raise RuntimeError("job.step_sync needs a worker (or joblane.testing.drain) to run the job")
+        return self._steps.run_sync(name, fn, *args, **kwargs)
 
     def record(self, **fields: Any) -> None:
         """Add fields to this attempt's metadata (stored as ``attempts.meta``)."""

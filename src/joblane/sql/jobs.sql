@@ -158,7 +158,7 @@ WITH lost AS (
 SELECT id, state FROM rescued;
 
 -- name: prune_finished
--- Delete up to $3 jobs done or cancelled more than $1 seconds ago (failed ones too when $2), with their attempts.
+-- Delete up to $3 jobs done or cancelled more than $1 seconds ago (failed ones too when $2), with their attempts and steps.
 WITH doomed AS (
     SELECT id
       FROM {schema}.jobs
@@ -169,9 +169,21 @@ WITH doomed AS (
        FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM {schema}.attempts AS a USING doomed WHERE a.job_id = doomed.id
+), gone_steps AS (
+    DELETE FROM {schema}.job_steps AS s USING doomed WHERE s.job_id = doomed.id
 )
 DELETE FROM {schema}.jobs AS j USING doomed WHERE j.id = doomed.id
 RETURNING j.id;
+
+-- name: job_steps
+-- The finished steps of job $1 (name, result as JSON text), read once per try on its first step.
+SELECT name, result::text FROM {schema}.job_steps WHERE job_id = $1;
+
+-- name: save_step
+-- Record a finished step of job $1 (a repeat of the same name keeps the first result).
+INSERT INTO {schema}.job_steps (job_id, name, attempt, result)
+VALUES ($1, $2, $3, $4::text::jsonb)
+ON CONFLICT (job_id, name) DO NOTHING;
 
 -- name: try_service_lock
 -- Take the transaction-scoped advisory lock that lets one worker at a time run a service.

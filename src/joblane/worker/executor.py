@@ -158,6 +158,9 @@ def _outcome(job: Job, state: str, outcome: str, started: float, *, error: str |
     if not math.isfinite(delay) or delay < 0:  # a user's backoff function returned nonsense
         delay = 0.0 if delay != float("inf") else 10 * 365 * 86400.0
     meta = dict(job.meta)
+    steps = job._steps
+    if steps is not None and steps.replayed:
+        meta["steps_reused"] = list(steps.replayed)
     if extra:
         meta.update(extra)
     return Outcome(

@@ -28,6 +28,7 @@ from ..maintenance import Pruner, Rescuer
 from ..migrations import latest_version
 from ..queries import quote_ident
 from ..ratelimit import Limiter
+from ..steps import Steps
 from ..store import outcome_rows
 from ..types import Job, Outcome
 from .batcher import Batcher
@@ -248,6 +249,7 @@ class Worker:
             id=row[0], queue=row[1], kind=row[2], payload=json.loads(row[3]), attempt=row[4],
             max_attempts=row[5], priority=row[6], created_at=row[7], replay_of=row[8],
         )
+        job._steps = Steps(self._pool, self.app.queries, job.id, job.attempt, self._loop)
         task = asyncio.create_task(self._run_job(job, row.get("headers")))  # trace context of the enqueue
         self._active[job.id] = (task, job)
 
@@ -335,6 +337,7 @@ class Worker:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig.name)
+        self._loop = loop
         self._threads = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="joblane-task")
         self._pool = await self._connect()
         await self.limiter.start(self._pool, self._stopping)  # before the first claim

@@ -107,6 +107,17 @@ CREATE INDEX outbox_sent ON {schema}.outbox (sent_at) WHERE state = 'sent';
 CREATE INDEX outbox_failed ON {schema}.outbox (topic, id) WHERE state = 'failed';
 
 -- Keys a Python receiver has already processed (App.inbox).
+-- Checkpointed steps: the JSON result of each finished step of a job
+-- (job.step), so a retry returns it instead of calling the model again.
+CREATE TABLE {schema}.job_steps (
+    job_id      bigint      NOT NULL,
+    name        text        NOT NULL,
+    attempt     integer     NOT NULL,
+    result      jsonb,
+    finished_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, name)
+);
+
 CREATE TABLE {schema}.inbox (
     key          text PRIMARY KEY,
     received_at  timestamptz NOT NULL DEFAULT now()
