@@ -38,15 +38,17 @@ def count(conn, app, where: str = "true", params=()) -> int:
     return conn.execute(f"SELECT count(*) FROM {table(app, 'jobs')} WHERE {where}", params).fetchone()[0]
 
 
-class WorkerProcess:
-    """A real `joblane worker` process for crash and signal tests."""
+class JoblaneProcess:
+    """A real `joblane worker|relay APP` process for crash and signal tests."""
+
+    command = "worker"
 
     def __init__(self, app_spec: str, schema: str, *args: str, env: dict | None = None):
         full_env = {**os.environ, "JOBLANE_SCHEMA": schema, "PYTHONPATH": str(ROOT), **(env or {})}
         # a file, not a pipe: a worker that logs a line per job must never block on a full pipe
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "joblane", "worker", app_spec, "--log-format", "json", *args],
+            [sys.executable, "-m", "joblane", self.command, app_spec, "--log-format", "json", *args],
             env=full_env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, text=True,
         )
 
@@ -73,6 +75,14 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+class WorkerProcess(JoblaneProcess):
+    command = "worker"
+
+
+class RelayProcess(JoblaneProcess):
+    command = "relay"
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ from __future__ import annotations
 import signal
 import time
 
-import psycopg
-import pytest
 
 from joblane import JobSpec
 

@@ -19,7 +19,7 @@ import pytest
 
 from joblane.queries import quote_ident
 
-from ..conftest import ROOT
+from ..conftest import RelayProcess
 
 
 def service_reachable(port: int, name: str) -> None:
@@ -221,35 +221,6 @@ def kafka_broker():
 
 
 # -- relay processes -------------------------------------------------------------
-
-class RelayProcess:
-    """A real `joblane relay` process for crash and signal tests."""
-
-    def __init__(self, app_spec: str, schema: str, *args: str, env: dict | None = None):
-        full_env = {**os.environ, "JOBLANE_SCHEMA": schema, "PYTHONPATH": str(ROOT), **(env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "joblane", "relay", app_spec, "--log-format", "json", *args],
-            env=full_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def output(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        return self.proc.stdout.read() if self.proc.stdout else ""
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
 
 @pytest.fixture
 def spawn_relay():

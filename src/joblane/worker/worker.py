@@ -17,7 +17,6 @@ import socket
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import asyncpg
 
