@@ -1,0 +1,78 @@
+"""``/metrics``: the dashboard's numbers in Prometheus' text format, read from the database at each scrape."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .data import Data
+
+ATTEMPT_WINDOW_SECONDS = 60.0
+INDEXED_STATES = ("pending", "running", "held", "failed")
+
+
+class JoblaneCollector(Collector):
+    """Gauges over the same index-backed queries as the overview, so a scrape stays cheap on big tables."""
+
+    def __init__(self, data: Data):
+        self.data = data
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.data.queue_counts()
+        jobs = GaugeMetricFamily("joblane_jobs", "Jobs per queue and state (pending, running, held, failed; exact).",
+                                 labels=["queue", "state"])
+        oldest = GaugeMetricFamily("joblane_oldest_ready_seconds",
+                                   "Age of the oldest job ready to run, per queue.", labels=["queue"])
+        for q in counts["queues"]:
+            for state in INDEXED_STATES:
+                jobs.add_metric([q["queue"], state], q[state])
+            oldest.add_metric([q["queue"]], q["oldest_ready"] or 0.0)
+        yield jobs
+        yield oldest
+        finished = GaugeMetricFamily(
+            "joblane_jobs_finished", "Done and cancelled jobs kept in the table (the planner's estimate on big tables).",
+            labels=["state", "exact"])
+        for state in ("done", "cancelled"):
+            finished.add_metric([state, "true" if counts["exact"] else "false"], counts["totals"][state])
+        yield finished
+
+        attempts = GaugeMetricFamily(
+            "joblane_attempts_last_minute", "Attempts that finished in the last 60 seconds, by outcome.",
+            labels=["outcome"])
+        for outcome, n in sorted(self.data.attempt_outcomes(ATTEMPT_WINDOW_SECONDS).items()):
+            attempts.add_metric([outcome], n)
+        yield attempts
+
+        workers = self.data.workers(job_sample=1)
+        live = GaugeMetricFamily("joblane_workers_with_leases", "Workers holding at least one running job.")
+        live.add_metric([], sum(1 for w in workers if not w["expired"]))
+        yield live
+        expired = GaugeMetricFamily("joblane_expired_leases_workers",
+                                    "Workers whose oldest lease has expired (lost; the rescuer will take their jobs back).")
+        expired.add_metric([], sum(1 for w in workers if w["expired"]))
+        yield expired
+
+        messages = GaugeMetricFamily("joblane_outbox_messages",
+                                     "Outbox rows per topic: pending and failed (exact), sent in the last hour.",
+                                     labels=["topic", "state"])
+        lag = GaugeMetricFamily("joblane_outbox_lag_seconds", "Age of the oldest pending outbox row, per topic.",
+                                labels=["topic"])
+        for t in self.data.outbox_topics():
+            for state in ("pending", "failed", "sent"):
+                messages.add_metric([t["topic"], state], t[state])
+            lag.add_metric([t["topic"]], t["lag"] or 0.0)
+        yield messages
+        yield lag
+
+
+def registry_for(data: Data) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JoblaneCollector(data))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,607 @@
+"""The dashboard as a Starlette application: server-rendered pages, plain forms, no asset from elsewhere."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import quote, unquote, urlencode
+
+import jinja2
+import psycopg
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData, MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..app import App
+from ..errors import JoblaneError
+from ..types import JOB_STATES
+from . import actions
+from .charts import throughput_chart
+from .data import PAGE_SIZE, Data, hold_reason
+from .metrics import registry_for, render
+from .security import AUTH_COOKIE, CSRF_COOKIE, CSRF_FIELD, Guard, safe_next
+
+HERE = Path(__file__).resolve().parent
+FLASH_COOKIE = "joblane_flash"
+REFRESH_SECONDS = 5
+MAX_IDS_PER_ACTION = 1000
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+CSP = ("default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' data:; "
+       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+
+
+# -- formatting helpers for the templates -----------------------------------
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m {int(seconds % 60)}s"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)}h {int(seconds % 3600 // 60)}m"
+    return f"{int(seconds // 86400)}d {int(seconds % 86400 // 3600)}h"
+
+
+def since(value: dt.datetime | None) -> str:
+    if value is None:
+        return "-"
+    return age((dt.datetime.now(dt.timezone.utc) - value).total_seconds()) + " ago"
+
+
+def when(value: dt.datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(start: dt.datetime | None, end: dt.datetime | None) -> str:
+    if start is None or end is None:
+        return "-"
+    seconds = (end - start).total_seconds()
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def parse_time(text: str | None, what: str) -> dt.datetime | None:
+    """``30m``, ``24h``, ``7d`` (that long ago) or an ISO time (UTC when no zone is given)."""
+    if text is None or not text.strip():
+        return None
+    m = _RELATIVE.match(text)
+    if m:
+        return dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        value = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise JoblaneError(f"{what}: use a duration like 30m, 24h, 7d or a time like 2025-01-31T09:00") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+def parse_ids(values: list[str]) -> list[int]:
+    ids = []
+    for v in values:
+        for part in str(v).replace(",", " ").split():
+            try:
+                ids.append(int(part))
+            except ValueError:
+                raise JoblaneError(f"job ids are integers, got {part!r}") from None
+    if len(ids) > MAX_IDS_PER_ACTION:
+        raise JoblaneError(f"{len(ids)} ids in one action; the limit is {MAX_IDS_PER_ACTION}")
+    return sorted(set(ids))
+
+
+def _int_param(request: Request, name: str) -> int | None:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise HTTPException(400, f"{name} must be an integer, got {value!r}") from None
+
+
+def _page_mark(value: str | None) -> tuple[dt.datetime, int] | None:
+    """The review queue's keyset mark: "<held since, ISO>,<id>" of the last row shown."""
+    if not value:
+        return None
+    when_text, _, id_text = value.rpartition(",")
+    try:
+        mark = dt.datetime.fromisoformat(when_text)
+        return (mark if mark.tzinfo else mark.replace(tzinfo=dt.timezone.utc)), int(id_text)
+    except ValueError:
+        raise HTTPException(400, f"after must look like <ISO time>,<job id>, got {value!r}") from None
+
+
+# -- the security layer -----------------------------------------------------
+
+class SecurityMiddleware:
+    """Host check, sign-in, the CSRF cookie and the response headers that keep the page to itself."""
+
+    def __init__(self, app: ASGIApp, guard: Guard):
+        self.app = app
+        self.guard = guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        path = scope["path"]
+        if not self.guard.host_allowed(request):
+            response: Response = PlainTextResponse(
+                "this dashboard answers on localhost only (bind another --host with JOBLANE_DASHBOARD_TOKEN set)", 421)
+            await response(scope, receive, send)
+            return
+        public = path == "/login" or path.startswith("/static/")
+        if not public and not self.guard.authenticated(request):
+            if request.method == "GET" and path != "/metrics":
+                response = RedirectResponse("/login?" + urlencode({"next": safe_next(str(request.url.path))}), 303)
+            else:
+                response = PlainTextResponse("sign in first: send Authorization: Bearer <JOBLANE_DASHBOARD_TOKEN>",
+                                             401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        nonce = request.cookies.get(CSRF_COOKIE)
+        fresh = not nonce
+        if fresh:
+            nonce = self.guard.new_nonce()
+        scope.setdefault("state", {})["csrf"] = self.guard.csrf_token(nonce)
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.setdefault("content-security-policy", CSP)
+                headers.setdefault("x-content-type-options", "nosniff")
+                headers.setdefault("x-frame-options", "DENY")
+                headers.setdefault("referrer-policy", "same-origin")
+                if not path.startswith("/static/"):
+                    headers.setdefault("cache-control", "no-store")
+                if fresh:
+                    headers.append("set-cookie", f"{CSRF_COOKIE}={nonce}; Path=/; HttpOnly; SameSite=Strict")
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+# -- the application ----------------------------------------------------------
+
+class Dashboard:
+    """Routes and handlers; ``create_app`` builds one and returns its Starlette application."""
+
+    def __init__(self, app: App, *, read_only: bool, guard: Guard, refresh_seconds: int = REFRESH_SECONDS):
+        self.app = app
+        self.read_only = read_only
+        self.guard = guard
+        self.refresh_seconds = refresh_seconds
+        self.data = Data(app)
+        self.registry = registry_for(self.data)
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(HERE / "templates")),
+            autoescape=True,  # everything from the database is text, never markup
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        env.filters.update(age=age, since=since, when=when, pretty_json=pretty_json, count=count, duration=duration,
+                           hold_reason=hold_reason, compact_json=compact_json)
+        self.templates = Jinja2Templates(env=env)
+        self.capabilities = actions.capabilities(app)
+
+    # -- plumbing ---------------------------------------------------------
+
+    def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        flash = request.cookies.get(FLASH_COOKIE)
+        message = None
+        if flash:
+            kind, _, text = unquote(flash).partition(":")
+            message = {"kind": kind if kind in ("ok", "error") else "ok", "text": text}
+        base = {
+            "schema": self.app.schema,
+            "read_only": self.read_only,
+            "can": {k: v and not self.read_only for k, v in self.capabilities.items()},
+            "csrf": request.state.csrf,
+            "csrf_field": CSRF_FIELD,
+            "flash": message,
+            "signed_in": self.guard.token is not None and self.guard.authenticated(request),
+            "path": request.url.path,
+            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+        }
+        response = self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
+        if flash:
+            response.delete_cookie(FLASH_COOKIE, path="/")
+        return response
+
+    def back(self, target: str, message: str, *, error: bool = False) -> Response:
+        response = RedirectResponse(safe_next(target), 303)
+        response.set_cookie(FLASH_COOKIE, quote(("error:" if error else "ok:") + message[:500]),
+                            path="/", httponly=True, samesite="strict")
+        return response
+
+    async def action_form(self, request: Request) -> FormData:
+        """The form of a state-changing request, after the read-only and CSRF checks."""
+        if self.read_only:
+            raise HTTPException(403, "this dashboard runs with --read-only: actions are turned off")
+        form = await request.form()
+        if not self.guard.csrf_ok(request, form.get(CSRF_FIELD)):
+            raise HTTPException(403, "the form's CSRF token is missing or stale: reload the page and submit again")
+        return form
+
+    async def db(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await run_in_threadpool(fn, *args)
+
+    def with_conn(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            with self.data.connection() as conn:
+                return fn(conn, *args)
+        return run
+
+    def actor(self, request: Request) -> str:
+        client = request.client.host if request.client else "unknown"
+        return f"dashboard@{client}"
+
+    # -- pages --------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        def load() -> dict[str, Any]:
+            return {"counts": self.data.queue_counts(), "minutes": self.data.throughput(),
+                    "workers": self.data.workers(), "outbox": self.data.outbox_topics(),
+                    "paused": self.data.paused_queues()}
+
+        loaded = await self.db(load)
+        refresh = _int_param(request, "refresh")
+        refresh_seconds = self.refresh_seconds if refresh is None else max(0, min(3600, refresh))
+        return self.render(request, "overview.html", **loaded, chart=throughput_chart(loaded["minutes"]),
+                           refresh_seconds=refresh_seconds, states=JOB_STATES)
+
+    async def jobs(self, request: Request) -> Response:
+        q = request.query_params
+        state = q.get("state") or None
+        if state is not None and state not in JOB_STATES:
+            raise HTTPException(400, f"unknown state {state!r}: use one of {', '.join(JOB_STATES)}")
+        filters = {"state": state, "kind": q.get("kind") or None, "queue": q.get("queue") or None,
+                   "since": q.get("since") or "", "until": q.get("until") or ""}
+        before = _int_param(request, "before")
+        error = None
+        rows: list[dict[str, Any]] = []
+        try:
+            start = parse_time(filters["since"], "since")
+            end = parse_time(filters["until"], "until")
+            rows = await self.db(lambda: self.data.list_jobs(
+                state=state, kind=filters["kind"], queue=filters["queue"], since=start, until=end,
+                before_id=before, limit=PAGE_SIZE + 1))
+        except JoblaneError as exc:
+            error = str(exc)
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        keep = {k: v for k, v in filters.items() if v}
+        next_url = ("/jobs?" + urlencode({**keep, "before": rows[-1]["id"]})) if more else None
+        first_url = ("/jobs?" + urlencode(keep)) if before is not None else None
+        return self.render(request, "jobs.html", jobs=rows, filters=filters, states=JOB_STATES, error=error,
+                           next_url=next_url, first_url=first_url)
+
+    async def job(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        job = await self.db(self.data.job, job_id)
+        if job is None:
+            raise HTTPException(404, f"no job {job_id} in schema {self.app.schema}")
+        return self.render(request, "job.html", job=job)
+
+    async def review(self, request: Request) -> Response:
+        after = _page_mark(request.query_params.get("after"))
+        queue = request.query_params.get("queue") or None
+        rows = await self.db(lambda: self.data.held(after=after, queue=queue, limit=PAGE_SIZE + 1))
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        keep = {"queue": queue} if queue else {}
+        next_url = None
+        if more:
+            last = rows[-1]
+            next_url = "/review?" + urlencode({**keep, "after": f"{last['held_since'].isoformat()},{last['id']}"})
+        return self.render(request, "review.html", held=rows, queue=queue, next_url=next_url,
+                           first_url=("/review?" + urlencode(keep)) if after is not None else None)
+
+    async def outbox(self, request: Request) -> Response:
+        before = _int_param(request, "before")
+        topic = request.query_params.get("topic") or None
+
+        def load() -> dict[str, Any]:
+            return {"topics": self.data.outbox_topics(),
+                    "failed": self.data.outbox_failed(before_id=before, topic=topic, limit=PAGE_SIZE + 1)}
+
+        loaded = await self.db(load)
+        failed = loaded["failed"]
+        more = len(failed) > PAGE_SIZE
+        failed = failed[:PAGE_SIZE]
+        keep = {"topic": topic} if topic else {}
+        next_url = ("/outbox?" + urlencode({**keep, "before": failed[-1]["id"]})) if more else None
+        return self.render(request, "outbox.html", topics=loaded["topics"], failed=failed, topic=topic,
+                           next_url=next_url)
+
+    async def replay_page(self, request: Request) -> Response:
+        """The replay form; ``?ids=...&preview=1`` (from a job's page) opens it with a dry run shown."""
+        q = request.query_params
+        form = {key: q.get(key, "") for key in ("kind", "queue", "since", "ids", "patch")}
+        form["state"] = q.get("state", "failed")
+        return await self.replay_form(request, form, preview=bool(q.get("preview")))
+
+    async def replay_preview(self, request: Request) -> Response:
+        posted = await request.form()
+        if not self.guard.csrf_ok(request, posted.get(CSRF_FIELD)):
+            raise HTTPException(403, "the form's CSRF token is missing or stale: reload the page and submit again")
+        form = {key: str(posted.get(key) or "") for key in ("kind", "queue", "state", "since", "ids", "patch")}
+        return await self.replay_form(request, form, preview=True)
+
+    async def replay_form(self, request: Request, form: dict[str, str], *, preview: bool) -> Response:
+        rows = None
+        error = None
+        if preview and self.capabilities["replay"]:
+            try:
+                filters, patch = self.replay_filters(form)
+                rows = await self.db(self.with_conn(
+                    lambda conn: actions.replay(self.app, conn, filters, patch, dry_run=True)))
+            except JoblaneError as exc:
+                error = str(exc)
+        return self.render(request, "replay.html", form=form, preview=rows, error=error, states=JOB_STATES)
+
+    def replay_filters(self, form: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        filters: dict[str, Any] = {}
+        for key in ("kind", "queue", "state"):
+            value = (form.get(key) or "").strip()
+            if value:
+                filters[key] = value
+        if filters.get("state") and filters["state"] not in JOB_STATES:
+            raise JoblaneError(f"unknown state {filters['state']!r}: use one of {', '.join(JOB_STATES)}")
+        start = parse_time(form.get("since"), "since")
+        if start is not None:
+            filters["since"] = start
+        ids = parse_ids([form.get("ids") or ""])
+        if ids:
+            filters["ids"] = ids
+        if not filters:
+            raise JoblaneError("a replay needs a filter: ids, kind, queue, state or since")
+        patch = actions.parse_json_object(form.get("patch"), "payload patch")
+        return filters, patch
+
+    async def metrics(self, request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        body = await self.db(render, self.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    # -- actions ------------------------------------------------------------
+
+    async def act_jobs(self, request: Request) -> Response:
+        """Retry or cancel the jobs ticked (or the one named) on any page."""
+        verb = request.path_params["verb"]
+        if verb not in ("retry", "cancel"):
+            raise HTTPException(404, f"no job action {verb!r}: use retry or cancel")
+        form = await self.action_form(request)
+        target = str(form.get("next") or "/jobs")
+        try:
+            ids = chosen(form)
+            if not ids:
+                return self.back(target, f"tick at least one job to {verb}", error=True)
+            if verb == "retry":
+                done = await self.db(self.with_conn(lambda conn: actions.retry(self.app, conn, ids)))
+            else:
+                actor = self.actor(request)
+                done = await self.db(self.with_conn(lambda conn: actions.cancel(self.app, conn, ids, actor)))
+        except JoblaneError as exc:
+            return self.back(target, str(exc), error=True)
+        past = "retried" if verb == "retry" else "cancelled"
+        return self.back(target, summary(past, ids, done))
+
+    async def act_review(self, request: Request) -> Response:
+        """Release (approve) or reject held jobs, one or many, optionally with an edited payload for one."""
+        verb = request.path_params["verb"]
+        if verb not in ("release", "reject"):
+            raise HTTPException(404, f"no review action {verb!r}: use release or reject")
+        form = await self.action_form(request)
+        target = str(form.get("next") or "/review")
+        actor = self.actor(request)
+        try:
+            ids = chosen(form)
+            if not ids:
+                return self.back(target, f"tick at least one held job to {verb}", error=True)
+            patch = actions.parse_json_object(form.get("payload_patch"), "payload patch")
+            if patch and len(ids) > 1:
+                raise JoblaneError("edit the payload of one job at a time")
+            reason = str(form.get("reason") or "").strip() or "rejected from the dashboard"
+        except JoblaneError as exc:
+            return self.back(target, str(exc), error=True)
+
+        def run(conn: Any) -> tuple[list[int], list[str]]:
+            done, problems = [], []
+            for i in ids:  # one guarded statement each: a job decided meanwhile is reported, not redone
+                try:
+                    if verb == "release":
+                        actions.release(self.app, conn, i, patch, actor)
+                    else:
+                        actions.reject(self.app, conn, i, reason, actor)
+                    done.append(i)
+                except JoblaneError as exc:
+                    problems.append(str(exc))
+            return done, problems
+
+        done, problems = await self.db(self.with_conn(run))
+        past = "approved" if verb == "release" else "rejected"
+        if problems and not done:
+            return self.back(target, "; ".join(problems[:5]), error=True)
+        text = f"{past} {len(done)} job{'s' if len(done) != 1 else ''}: " + ", ".join(f"#{i}" for i in done[:20])
+        if problems:
+            text += "; " + "; ".join(problems[:5])
+        return self.back(target, text, error=bool(problems))
+
+    async def act_replay(self, request: Request) -> Response:
+        form = await self.action_form(request)
+        try:
+            filters, patch = self.replay_filters(form)
+            result = await self.db(self.with_conn(
+                lambda conn: actions.replay(self.app, conn, filters, patch, dry_run=False)))
+        except JoblaneError as exc:
+            query = urlencode({k: form.get(k) or "" for k in ("kind", "queue", "state", "since", "ids", "patch")})
+            return self.back("/replay?" + query, str(exc), error=True)
+        ids = replay_ids(result)
+        shown = ", ".join(f"#{i}" for i in ids[:20]) + ("..." if len(ids) > 20 else "")
+        return self.back("/jobs",
+                         f"replayed {len(ids)} job{'s' if len(ids) != 1 else ''}" + (f": {shown}" if ids else ""))
+
+    async def act_outbox(self, request: Request) -> Response:
+        form = await self.action_form(request)
+        target = str(form.get("next") or "/outbox")
+        try:
+            ids = chosen(form)
+            if not ids:
+                return self.back(target, "tick at least one failed message to retry", error=True)
+            done = await self.db(self.with_conn(lambda conn: actions.outbox_retry(self.app, conn, ids)))
+        except JoblaneError as exc:
+            return self.back(target, str(exc), error=True)
+        done_ids = list(done) if isinstance(done, (list, tuple)) else ids
+        return self.back(target, summary("re-queued", ids, done_ids, noun="message"))
+
+    # -- sign-in ------------------------------------------------------------
+
+    async def login(self, request: Request) -> Response:
+        target = safe_next(request.query_params.get("next"))
+        if self.guard.token is None:
+            return RedirectResponse(target, 303)
+        error = None
+        if request.method == "POST":
+            form = await request.form()
+            if not self.guard.csrf_ok(request, form.get(CSRF_FIELD)):
+                error = "the form expired: try again"
+            elif self.guard.token_matches(str(form.get("token") or "")):
+                response = RedirectResponse(safe_next(str(form.get("next") or "/")), 303)
+                response.set_cookie(AUTH_COOKIE, self.guard.auth_cookie_value(), path="/", httponly=True,
+                                    samesite="strict")
+                return response
+            else:
+                error = "that is not the dashboard's token"
+        return self.render(request, "login.html", status=401 if error else 200, target=target, error=error)
+
+    async def logout(self, request: Request) -> Response:
+        form = await request.form()
+        if not self.guard.csrf_ok(request, form.get(CSRF_FIELD)):
+            raise HTTPException(403, "the form's CSRF token is missing or stale: reload the page and submit again")
+        response = RedirectResponse("/login", 303)
+        response.delete_cookie(AUTH_COOKIE, path="/")
+        return response
+
+    # -- errors -------------------------------------------------------------
+
+    async def http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if "csrf" not in request.scope.get("state", {}):
+            return PlainTextResponse(str(exc.detail), exc.status_code)
+        return self.render(request, "error.html", status=exc.status_code, status_code=exc.status_code,
+                           message=str(exc.detail))
+
+    async def database_error(self, request: Request, exc: Exception) -> Response:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return self.render(request, "error.html", status=503, status_code=503,
+                           message=f"database error: {first}")
+
+    # -- assembly -----------------------------------------------------------
+
+    def routes(self) -> list[Any]:
+        return [
+            Route("/", self.overview, methods=["GET"]),
+            Route("/jobs", self.jobs, methods=["GET"]),
+            Route("/jobs/{job_id:int}", self.job, methods=["GET"]),
+            Route("/jobs/{verb:str}", self.act_jobs, methods=["POST"]),
+            Route("/review", self.review, methods=["GET"]),
+            Route("/review/{verb:str}", self.act_review, methods=["POST"]),
+            Route("/replay", self.replay_page, methods=["GET"]),
+            Route("/replay", self.act_replay, methods=["POST"]),
+            Route("/replay/preview", self.replay_preview, methods=["POST"]),
+            Route("/outbox", self.outbox, methods=["GET"]),
+            Route("/outbox/retry", self.act_outbox, methods=["POST"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/login", self.login, methods=["GET", "POST"]),
+            Route("/logout", self.logout, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+        ]
+
+
+def chosen(form: FormData) -> list[int]:
+    """The ids an action applies to: the row whose own button was pressed, else every ticked box."""
+    one = form.get("one")
+    return parse_ids([str(one)]) if one else parse_ids([str(v) for v in form.getlist("ids")])
+
+
+def summary(past: str, asked: list[int], done: list[int], noun: str = "job") -> str:
+    done = sorted(done)
+    text = f"{past} {len(done)} {noun}{'s' if len(done) != 1 else ''}"
+    if done:
+        text += ": " + ", ".join(f"#{i}" for i in done[:20]) + ("..." if len(done) > 20 else "")
+    skipped = [i for i in asked if i not in set(done)]
+    if skipped:
+        text += f"; skipped {', '.join(f'#{i}' for i in skipped[:20])} (not in a state that allows it)"
+    return text
+
+
+def replay_ids(result: list[dict[str, Any]]) -> list[int]:
+    """The ids of the copies App.replay inserted."""
+    return [r["id"] for r in result if r.get("id") is not None]
+
+
+def create_app(
+    app: App,
+    *,
+    read_only: bool = False,
+    token: str | None = None,
+    loopback_only: bool = True,
+    allowed_hosts: tuple[str, ...] = (),
+    refresh_seconds: int = REFRESH_SECONDS,
+) -> Starlette:
+    """The dashboard of ``app`` as an ASGI application.
+
+    ``loopback_only`` (the default, for a dashboard bound to 127.0.0.1)
+    answers only requests addressed to a loopback name; ``token`` (from
+    ``JOBLANE_DASHBOARD_TOKEN``) makes every page ask for it.
+    """
+    guard = Guard(token=token, loopback_only=loopback_only, extra_hosts=allowed_hosts)
+    dashboard = Dashboard(app, read_only=read_only, guard=guard, refresh_seconds=refresh_seconds)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette):
+        await run_in_threadpool(dashboard.data.open)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(dashboard.data.close)
+
+    web = Starlette(
+        routes=dashboard.routes(),
+        exception_handlers={HTTPException: dashboard.http_error, psycopg.OperationalError: dashboard.database_error},
+        lifespan=lifespan,
+    )
+    web.add_middleware(SecurityMiddleware, guard=guard)
+    web.state.dashboard = dashboard
+    return web
