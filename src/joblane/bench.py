@@ -226,3 +226,121 @@ WORKLOADS: dict[str, Callable[..., list[Result]]] = {
     "g": lambda dsn, scale: [concurrent_enqueue(dsn, 8, int(1000 * scale), notify=True),
                              concurrent_enqueue(dsn, 8, int(1000 * scale), notify=False)],
 }
+
+
+# -- e: the outbox relay ------------------------------------------------------
+
+
+async def sink_app(scope: dict, receive: Any, send: Any) -> None:
+    """The HTTP receiver of workload e: a bare ASGI app that answers 200 at once."""
+    if scope["type"] != "http":
+        return
+    while True:
+        message = await receive()
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int = 500, concurrency: int = 4) -> Result:
+    """e: ``rows`` outbox messages delivered by one relay to a local HTTP receiver or NATS JetStream."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from .outbox.relay import Relay
+
+    with isolated_schema(dsn, new_schema_name("bench")) as schema:
+        app = App(dsn, schema=schema)
+        cleanup: list[Callable[[], Any]] = []
+        try:
+            if sink == "http":
+                from .outbox.sinks import HttpSink
+
+                port = _free_port()
+                server = subprocess.Popen(
+                    [sys.executable, "-m", "uvicorn", "joblane.bench:sink_app", "--port", str(port),
+                     "--log-level", "warning", "--no-access-log"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+                cleanup.append(lambda: (server.terminate(), server.wait(10)))
+                _wait_for_port(port)
+                app.route("bench.", HttpSink(f"http://127.0.0.1:{port}/hook", concurrency=64))
+            elif sink == "nats":
+                from .outbox.sinks import NatsSink
+
+                stream = f"JLBENCH_{uuid.uuid4().hex[:8].upper()}"
+                asyncio.run(_nats_stream(stream, create=True))
+                cleanup.append(lambda: asyncio.run(_nats_stream(stream, create=False)))
+                app.route("bench.", NatsSink(subject=lambda m: f"{stream.lower()}.{m.id % 16}", stream=stream))
+            else:
+                raise ValueError(f"unknown sink {sink!r}")
+            q = quote_ident(schema)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                subject_prefix = "bench.e"
+                conn.execute(
+                    f"INSERT INTO {q}.outbox (topic, payload, idempotency_key)"
+                    " SELECT %s, jsonb_build_object('i', i), 'bench:' || i FROM generate_series(1, %s) AS i",
+                    (subject_prefix, rows))
+                conn.execute(f"ANALYZE {q}.outbox")
+
+            async def run() -> tuple[float, float]:
+                r = Relay(app, batch_size=batch_size, concurrency=concurrency)
+                done = threading.Event()
+                finished: list[float] = []
+                sql = f"SELECT EXISTS (SELECT 1 FROM {q}.outbox WHERE state = 'pending')"
+                watcher = threading.Thread(target=_watch_sql, args=(dsn, sql, done, finished), daemon=True)
+                started = time.perf_counter()
+                runner = asyncio.create_task(r.run(install_signals=False))
+                watcher.start()
+                while not finished and not runner.done():
+                    await asyncio.sleep(0.01)
+                r.request_stop()
+                done.set()
+                await runner
+                if not finished:
+                    raise RuntimeError("the relay stopped before delivering every row")
+                return started, finished[0]
+
+            started, ended = asyncio.run(run())
+        finally:
+            for step in cleanup:
+                step()
+    return Result("e", f"{sink}, batch {batch_size}, {concurrency} batches in flight", rows / (ended - started),
+                  "messages/s")
+
+
+def _wait_for_port(port: int, timeout: float = 15.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), 0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"the benchmark's HTTP receiver did not start on port {port}")
+
+
+async def _nats_stream(stream: str, *, create: bool) -> None:
+    import nats
+
+    nc = await nats.connect("nats://127.0.0.1:4222")
+    try:
+        js = nc.jetstream()
+        if create:
+            await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
+        else:
+            await js.delete_stream(stream)
+    finally:
+        await nc.close()

@@ -29,6 +29,9 @@ def plan(workloads: tuple[str, ...], profile: str, scale: float, jobs: int | Non
                     dsn, jobs or int(20_000 * scale), label=n, **o)))
         elif w == "d":
             steps.append(("d", "idle worker", lambda dsn: bench.latency(dsn, jobs or max(50, int(500 * scale)))))
+        elif w == "e":
+            for sink in ("http", "nats"):
+                steps.append(("e", sink, lambda dsn, k=sink: bench.relay(dsn, jobs or int(20_000 * scale), sink=k)))
         elif w == "f":
             for waiting in (10_000, 1_000_000):
                 steps.append(("f", f"{waiting:,} waiting", lambda dsn, k=waiting: bench.process(
@@ -41,7 +44,7 @@ def plan(workloads: tuple[str, ...], profile: str, scale: float, jobs: int | Non
 
 
 @click.command("bench")
-@click.option("-w", "--workload", "workloads", multiple=True, type=click.Choice(["a", "b", "c", "d", "f", "g"]),
+@click.option("-w", "--workload", "workloads", multiple=True, type=click.Choice(["a", "b", "c", "d", "e", "f", "g"]),
               help="Workloads to run (repeatable; default a, b, c, d).")
 @click.option("--profile", type=click.Choice(["defaults", "best", "all"]), default="all", show_default=True,
               help="Worker settings for workload c.")
@@ -55,7 +58,8 @@ def bench_command(ctx: click.Context, workloads, profile, scale, jobs, as_json) 
 
     a: enqueue one job per transaction; b: enqueue_many, 1,000 per call;
     c: process pre-filled no-op jobs with one worker; d: enqueue-to-start
-    latency; f: c with many jobs waiting; g: 8 concurrent enqueuers.
+    latency; e: the outbox relay to HTTP and NATS; f: c with many jobs waiting;
+    g: 8 concurrent enqueuers.
     """
     from .testing import database_url
 
