@@ -1,0 +1,119 @@
+"""The lead-intake App: three tasks and one outbox route.
+
+    joblane worker examples.lead_intake.app:app    # enrich, classify, deliver
+    joblane relay examples.lead_intake.app:app     # crm.* -> the CRM, with read-back
+
+Each step writes its result, enqueues the next step and marks its own job
+done in ONE transaction (``complete_job_async``): commit, and all three
+happened; crash before, and none did, so the step simply runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import joblane
+
+from . import db, enrichment, model
+from .crm import CrmSink, contact_payload
+from .settings import load
+
+settings = load()
+app = joblane.App()
+app.route("crm.", CrmSink(settings.crm_url))
+
+
+def _schema() -> str:
+    return app.schema
+
+
+@app.task("enrich", queue="leads", max_attempts=5)
+async def enrich(job: joblane.Job) -> None:
+    lead_id = job.payload["lead_id"]
+    pool = await db.pool(app.dsn)
+    async with pool.connection() as conn, conn.transaction():
+        lead = await db.one(conn, "get", _schema(), lead_id)
+        if lead is None:
+            raise joblane.PermanentError(f"lead {lead_id} does not exist")
+        try:
+            data = enrichment.enrich(lead["email"], lead["company"])
+        except enrichment.NotALead as exc:
+            raise joblane.PermanentError(str(exc)) from None
+        next_id = await app.enqueue_async(conn, "classify", {"lead_id": lead_id})
+        await db.one(conn, "enriched", _schema(), db.as_json(data), next_id, lead_id)
+        await app.complete_job_async(conn, job, data)
+
+
+@app.task("classify", queue="model", max_attempts=8, backoff=0.5)
+async def classify(job: joblane.Job) -> None:
+    lead_id = job.payload["lead_id"]
+    pool = await db.pool(app.dsn)
+    async with pool.connection() as conn:
+        lead = await db.one(conn, "get", _schema(), lead_id)
+    decision = job.payload.get("decision")  # set by a reviewer: joblane release ID --set decision=qualified
+    if decision is not None:
+        if decision not in ("qualified", "not_qualified"):
+            raise joblane.PermanentError(f"decision must be qualified or not_qualified, got {decision!r}")
+        classification = {**(lead["classification"] or {}), "label": decision, "decided_by": "reviewer"}
+    elif lead["status"] == "review" and await _released(job):
+        # released without a decision: the reviewer accepts the model's answer, no second call
+        classification = {**lead["classification"], "decided_by": "reviewer"}
+    else:
+        classification = await _ask_model(job, lead)
+        if classification["confidence"] < settings.min_confidence:
+            async with pool.connection() as conn:
+                await db.one(conn, "review", _schema(), db.as_json(classification), lead_id)
+            raise joblane.Hold(
+                f"confidence {classification['confidence']:.2f} is below {settings.min_confidence:g}",
+                # what the reviewer sees: `joblane release ID` accepts the suggestion,
+                # `joblane release ID --set decision=qualified` (or not_qualified) overrides it
+                {"suggestion": classification["label"], "intent": classification["intent"],
+                 "fit": classification["fit"], "lead": lead["email"], "message": lead["message"][:200]},
+            )
+    async with pool.connection() as conn, conn.transaction():
+        next_id = await app.enqueue_async(conn, "deliver", {"lead_id": lead_id})
+        await db.one(conn, "classified", _schema(), db.as_json(classification), next_id, lead_id)
+        await app.complete_job_async(conn, job, classification)
+
+
+async def _ask_model(job: joblane.Job, lead: dict) -> dict:
+    job.record(model=settings.model, prompt_version=settings.prompt_version)
+    try:
+        answer = await model.classify(model.client(), settings, lead, lead["enrichment"])
+    except model.RateLimited as exc:
+        job.record(status=429)
+        raise joblane.RetryAfter(exc.retry_after, str(exc)) from None  # not an attempt spent
+    except model.ModelUnavailable:
+        job.record(status=503)
+        raise  # retried with backoff, spending an attempt
+    except model.BadAnswer as exc:
+        job.record(status=200)
+        raise joblane.PermanentError(str(exc)) from None
+    job.record(model=answer.model, status=200, tokens_in=answer.tokens_in, tokens_out=answer.tokens_out,
+               latency_ms=answer.latency_ms)
+    qualified = answer.intent == "buying" and answer.fit in ("high", "medium")
+    return {"label": "qualified" if qualified else "not_qualified", "intent": answer.intent, "fit": answer.fit,
+            "confidence": answer.confidence, "reason": answer.reason, "model": answer.model,
+            "prompt_version": settings.prompt_version, "decided_by": "model"}
+
+
+async def _released(job: joblane.Job) -> bool:
+    """Whether a person released this job from review (the audit trail says so)."""
+    found = await asyncio.to_thread(app.get_job, job.id)
+    return any(a["outcome"] == "released" for a in (found or {}).get("attempt_rows", []))
+
+
+@app.task("deliver", queue="leads", max_attempts=5)
+async def deliver(job: joblane.Job) -> None:
+    lead_id = job.payload["lead_id"]
+    pool = await db.pool(app.dsn)
+    async with pool.connection() as conn, conn.transaction():
+        lead = await db.one(conn, "get", _schema(), lead_id)
+        label = lead["classification"]["label"]
+        # guarded on status = 'classified': a re-run never publishes the lead twice
+        if await db.one(conn, "decided", _schema(), label, lead_id) and label == "qualified":
+            key = f"lead-{lead_id}"
+            await app.publish_async(conn, "crm.lead_qualified",
+                                    contact_payload(lead, lead["enrichment"], lead["classification"], key),
+                                    key=key, idempotency_key=key)
+        await app.complete_job_async(conn, job, {"status": label})
