@@ -28,6 +28,7 @@ class Batcher(Generic[T]):
         max_size: int = 500,
         max_wait: float = 0.002,
         max_pending: int = 20_000,
+        max_in_flight: int = 1,
         name: str = "batcher",
     ):
         self._flush = flush
@@ -35,23 +36,29 @@ class Batcher(Generic[T]):
         self.max_wait = max_wait
         self.max_pending = max_pending
         self.name = name
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.max_in_flight = max_in_flight
         self._items: list[T] = []
-        self._in_flight: list[T] = []
+        self._in_flight: dict[int, list[T]] = {}
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
         self._closing = False
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self.flushes = 0
         self.failures = 0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=self.name)
+        # Several flushers take turns on the queue: while one batch is being
+        # written, the next can be, on another connection.
+        self._tasks = [asyncio.create_task(self._run(i), name=f"{self.name}-{i}") for i in range(self.max_in_flight)]
 
     @property
     def pending(self) -> list[T]:
         """Items not yet written (queued or in the flush under way)."""
-        return self._in_flight + self._items
+        flying = [item for batch in self._in_flight.values() for item in batch]
+        return flying + self._items
 
     @property
     def backlogged(self) -> bool:
@@ -64,7 +71,7 @@ class Batcher(Generic[T]):
             self._room.clear()
             await self._room.wait()
 
-    async def _run(self) -> None:
+    async def _run(self, slot: int) -> None:
         failures = 0
         while True:
             if not self._items:
@@ -77,7 +84,9 @@ class Batcher(Generic[T]):
                 await asyncio.sleep(self.max_wait)  # let a few more arrive
             batch = self._items[: self.max_size]
             del self._items[: self.max_size]
-            self._in_flight = batch
+            if not batch:  # another flusher took them while this one waited
+                continue
+            self._in_flight[slot] = batch
             try:
                 await self._flush(batch)
             except Exception as exc:
@@ -92,7 +101,7 @@ class Batcher(Generic[T]):
                 failures = 0
                 self.flushes += 1
             finally:
-                self._in_flight = []
+                self._in_flight.pop(slot, None)
             if len(self._items) <= self.max_pending:
                 self._room.set()
 
@@ -101,12 +110,13 @@ class Batcher(Generic[T]):
         self._closing = True
         self._ready.set()
         self._room.set()
-        if self._task is None:
+        if not self._tasks:
             return not self._items
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            await asyncio.wait_for(asyncio.shield(asyncio.gather(*self._tasks)), timeout)
         except asyncio.TimeoutError:
-            self._task.cancel()
+            for task in self._tasks:
+                task.cancel()
             log.error("%s: %d items were not written before the drain timeout", self.name, len(self.pending))
             return False
         return True

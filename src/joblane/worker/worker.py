@@ -37,6 +37,10 @@ from .notifier import Notifier
 log = logging.getLogger("joblane.worker")
 
 
+def _claim_order(row) -> tuple[int, int]:
+    return row[6], row[0]  # priority, then id (age)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -96,7 +100,9 @@ class Worker:
         if self.prefetch < 0:
             raise JoblaneError("prefetch must be >= 0")
         self.capacity = concurrency + self.prefetch
-        self.claim_batch = max(1, claim_batch or concurrency)
+        # a claim fills every free place, prefetch included: one round trip per
+        # (concurrency + prefetch) jobs rather than per concurrency
+        self.claim_batch = max(1, claim_batch or self.capacity)
         self.poll_interval = poll_interval
         self.lease_seconds = float(lease_seconds or app.lease_seconds)
         self.heartbeat_seconds = float(heartbeat_seconds or self.lease_seconds / 3)
@@ -114,7 +120,7 @@ class Worker:
         self._complete_sql = q.complete_jobs
         self._extend_sql = q.extend_leases
         self.completer: Batcher[Outcome] = Batcher(
-            self._write_outcomes, max_size=flush_size, max_wait=flush_interval, name="completer"
+            self._write_outcomes, max_size=flush_size, max_wait=flush_interval, max_in_flight=2, name="completer"
         )
         self.rescuer = Rescuer(q, app.schema, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
         self.pruner = Pruner(q, app.schema, retention=retention_seconds, prune_failed=prune_failed,
@@ -151,7 +157,7 @@ class Worker:
         deadline = asyncio.get_running_loop().time() + self.connect_timeout
         while True:
             try:
-                pool = await asyncpg.create_pool(self.app.dsn, min_size=2, max_size=4,
+                pool = await asyncpg.create_pool(self.app.dsn, min_size=3, max_size=6,
                                                  server_settings={"application_name": self.application_name})
                 async with pool.acquire() as conn:
                     await self._check_schema(conn)
@@ -235,7 +241,8 @@ class Worker:
             failures = 0
             # From here the rows are committed as ours: every one reaches an
             # executor (which gives it back if we are stopping), never dropped.
-            for row in rows:
+            # RETURNING comes in no particular order: start them in claim order
+            for row in sorted(rows, key=_claim_order):
                 self._start(row)
             if len(rows) < want:
                 try:
