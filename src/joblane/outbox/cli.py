@@ -25,6 +25,8 @@ from . import admin
 @click.option("--grace", "grace_seconds", default=15.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds the batches in flight get to finish after SIGTERM.")
 @click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction pooling).")
+@click.option("--connect-timeout", default=60.0, show_default=True, type=click.FloatRange(0, 86400),
+              help="Seconds a starting relay waits for an unreachable database before it exits.")
 @click.option("--retention", "retention_seconds", default=7 * 86400.0, show_default=True,
               type=click.FloatRange(0), help="Delete sent rows older than this many seconds.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -32,7 +34,7 @@ from . import admin
 @click.pass_context
 def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, poll_interval: float,
           lease_seconds: float, grace_seconds: float, no_listen: bool, retention_seconds: float,
-          log_format: str, verbose: bool) -> None:
+          log_format: str, verbose: bool, connect_timeout: float) -> None:
     """Deliver APP's outbox through the sinks it routes (app.route(prefix, sink))."""
     from .relay import Relay
 
@@ -40,7 +42,7 @@ def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, 
     _setup_logging(log_format, verbose)
     r = _run(lambda: Relay(app, batch_size=batch_size, concurrency=concurrency, poll_interval=poll_interval,
                            lease_seconds=lease_seconds, grace_seconds=grace_seconds, listen=not no_listen,
-                           retention_seconds=retention_seconds))
+                           retention_seconds=retention_seconds, connect_timeout=connect_timeout))
     _run(lambda: asyncio.run(r.run()))
 
 

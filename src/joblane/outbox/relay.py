@@ -125,6 +125,7 @@ class Relay:
         retention_seconds: float = 7 * 86400.0,
         prune_interval: float = 60.0,
         name: str | None = None,
+        connect_timeout: float = 60.0,
     ):
         routes = list(app.routes if routes is None else routes)
         if not routes:
@@ -155,6 +156,10 @@ class Relay:
         self.listen = listen
         self.jitter = jitter
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        if not connect_timeout >= 0:
+            raise JoblaneError("connect_timeout must be >= 0")
+        # how long a starting relay waits for an unreachable database before it exits
+        self.connect_timeout = float(connect_timeout)
         self.application_name = f"joblane relay {os.getpid()}"
         self.stats: Counter[str] = Counter()
         self.pruner = OutboxPruner(app.queries, app.schema, retention=retention_seconds, interval=prune_interval)
@@ -205,6 +210,8 @@ class Relay:
                                              server_settings={"application_name": self.application_name})
         except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
             raise JoblaneError(f"cannot use the database: {describe(exc)}") from None
+        except asyncpg.ClientConfigurationError as exc:  # a malformed URL: retrying cannot help
+            raise JoblaneError(f"invalid database URL: {describe(exc)}") from None
         except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
             raise _Unreachable(f"cannot connect to the database: {describe(exc)}") from None
         try:
@@ -363,7 +370,10 @@ class Relay:
     def _judge(self, route: Route, m: Message, d: Delivery, budget: int | None) -> _Outcome:
         if d.ok:
             return _Outcome(m, SENT, error=_FOUND if d is _FOUND_DELIVERY else None)
-        error = (d.error or "delivery failed")[:ERROR_LIMIT]
+        # A destination's error text (a response body) may hold NUL or undecodable bytes, which
+        # PostgreSQL refuses: one such row would keep its whole batch from being recorded.
+        error = (d.error or "delivery failed").replace("\x00", "\\0").encode("utf-8", "replace").decode()
+        error = error[:ERROR_LIMIT]
         if d.permanent:
             return _Outcome(m, FAILED, error=error)
         if m.attempt >= (budget or route.max_attempts):
@@ -465,6 +475,7 @@ class Relay:
                 loop.add_signal_handler(sig, self._on_signal, sig.name)
         try:
             failures = 0
+            deadline = loop.time() + self.connect_timeout
             while True:
                 try:
                     await self.start()
@@ -473,7 +484,10 @@ class Relay:
                     failures += 1
                     if self._stopping.is_set():
                         raise
-                    delay = min(5.0, 0.2 * 2 ** min(failures, 5))
+                    if loop.time() >= deadline:
+                        raise JoblaneError(f"{exc} (gave up after {self.connect_timeout:g}s): "
+                                           "is DATABASE_URL right and the server up?") from None
+                    delay = min(5.0, 0.2 * 2 ** min(failures, 5), max(0.0, deadline - loop.time()))
                     log.warning("%s; retrying in %.1fs", exc, delay)
                     await self._sleep(delay)
             log.info("relay %s: %s", self.name,

@@ -1,0 +1,135 @@
+"""`joblane grants`: the least privileges each kind of joblane process needs, as SQL to review and run.
+
+Three roles:
+
+* ``app``: the application's own database user. It enqueues and publishes
+  in its transactions and records inbox keys; it cannot read payloads,
+  results or errors of jobs, nor change or delete any job.
+* ``worker``: ``joblane worker`` and ``joblane relay``: claim, complete,
+  heartbeat, rescue and prune jobs; deliver, retry and prune outbox rows;
+  the periodic scheduler and queue limits that run inside workers.
+* ``admin``: ``joblane migrate`` and the operator commands (retry, cancel,
+  release, replay, the dashboard). Migrations alter tables, which only
+  their owner may do, so the admin role owns the schema.
+
+Run the statements as a superuser or the current owner, after
+``joblane migrate`` (GRANT names tables that must exist) and again after an
+upgrade that adds tables.
+"""
+
+from __future__ import annotations
+
+import click
+import psycopg
+
+from .errors import JoblaneError
+from .queries import quote_ident
+
+ROLES = ("app", "worker", "admin")
+
+# Every table of the schema, with what the app and the worker role may do to
+# it ("" = nothing). Column lists are the columns a statement reads back:
+# RETURNING, and the arbiter index of ON CONFLICT (unique_key, state).
+# tests/security/test_grants.py fails when a table is missing here.
+TABLES: dict[str, tuple[str, str]] = {
+    # table            app                                                       worker
+    "migrations":     ("",                                                       "SELECT"),
+    "jobs":           ("INSERT, SELECT (id, queue, state, run_after, unique_key)",
+                       "SELECT, INSERT, UPDATE, DELETE"),
+    "attempts":       ("",                                                       "SELECT, INSERT, DELETE"),
+    "job_steps":      ("",                                                       "SELECT, INSERT, DELETE"),
+    "outbox":         ("INSERT, SELECT (id)",                                    "SELECT, UPDATE, DELETE"),
+    "inbox":          ("INSERT, SELECT (key)",                                   ""),
+    "periodic_ticks": ("",                                                       "SELECT, INSERT, DELETE"),
+    # each worker writes its app's limits at start; lock_queue_limit reads FOR UPDATE
+    "queue_limits":   ("",                                                       "SELECT, INSERT, UPDATE"),
+    "queue_pauses":   ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
+    "queue_starts":   ("",                                                       "SELECT, INSERT, DELETE"),
+}
+
+# Sequences a role calls nextval() on by name (identity columns need no grant).
+SEQUENCES: dict[str, tuple[str, ...]] = {
+    "app": ("outbox_id_seq",),  # publish draws the id first to store the default idempotency key
+    "worker": (),
+}
+
+
+def quote_role(name: str) -> str:
+    """Quote a role name as an SQL identifier (any characters but NUL, at most 63 bytes)."""
+    if not isinstance(name, str) or not name:
+        raise JoblaneError("the user name must be a non-empty string")
+    if "\x00" in name:
+        raise JoblaneError("the user name contains a NUL character")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise JoblaneError("the user name is not valid UTF-8") from None
+    if size > 63:
+        raise JoblaneError(f"the user name is {size} bytes long; PostgreSQL keeps at most 63")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def statements(role: str, user: str, schema: str, database: str | None = None) -> list[str]:
+    """The SQL that gives ``user`` the privileges of ``role`` on ``schema``."""
+    if role not in ROLES:
+        raise JoblaneError(f"unknown role {role!r}: choose one of {', '.join(ROLES)}")
+    to = quote_role(user)
+    s = quote_ident(schema)
+    if role == "admin":
+        if not database:
+            raise JoblaneError("the admin grants name the database: give --database NAME or set DATABASE_URL")
+        out = [
+            "-- admin: `joblane migrate` (creates the schema when missing) and the operator commands",
+            f"GRANT CREATE ON DATABASE {quote_role(database)} TO {to};",
+            f"ALTER SCHEMA {s} OWNER TO {to};",
+        ]
+        out += [f"ALTER TABLE {s}.{quote_ident(table)} OWNER TO {to};" for table in TABLES]
+        return out
+    column = 0 if role == "app" else 1
+    out = [f"-- {role}: least privileges on schema {schema}", f"GRANT USAGE ON SCHEMA {s} TO {to};"]
+    for table, privileges in TABLES.items():
+        if privileges[column]:
+            out.append(f"GRANT {privileges[column]} ON TABLE {s}.{quote_ident(table)} TO {to};")
+    for sequence in SEQUENCES[role]:
+        out.append(f"GRANT USAGE ON SEQUENCE {s}.{quote_ident(sequence)} TO {to};")
+    return out
+
+
+def database_of(dsn: str | None) -> str | None:
+    """The database a DSN names (libpq's default: the user name), or None without a DSN."""
+    if not dsn:
+        return None
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise JoblaneError(f"cannot read the database name from DATABASE_URL: {str(exc).splitlines()[0]}") from None
+    return params.get("dbname") or params.get("user")
+
+
+# -- `joblane grants` ------------------------------------------------------
+
+
+@click.command()
+@click.option("--role", "role", required=True, type=click.Choice(ROLES), help="Which kind of process the user runs.")
+@click.option("--user", "user", help="The database user to grant to (default: joblane_<role>).")
+@click.option("--database", "database", help="Database name for the admin grants (default: from DATABASE_URL).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def grants(ctx: click.Context, role: str, user: str | None, database: str | None, as_json: bool) -> None:
+    """Print the GRANT statements of a least-privilege role (pipe them to psql).
+
+    Run them after `joblane migrate`, and again after an upgrade that adds tables.
+    """
+    from .cli import _app, _run, emit_json
+
+    app = _app(ctx)
+    user = f"joblane_{role}" if user is None else user
+    if role == "admin" and not database:
+        database = _run(lambda: database_of(ctx.obj["dsn"]))
+    sql = _run(lambda: statements(role, user, app.schema, database))
+    if as_json:
+        emit_json({"role": role, "user": user, "schema": app.schema,
+                   "statements": [line for line in sql if not line.startswith("--")]})
+        return
+    # plain SQL, not a table: the output is meant for `| psql`
+    click.echo("\n".join(sql))

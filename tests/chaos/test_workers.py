@@ -1,0 +1,176 @@
+"""Real worker (and relay) processes under load while faults land on a schedule; invariants checked after each.
+
+Sized for two shared cores: 10,000 jobs and 5,000 outbox rows in the
+SIGKILL storm, a few hundred jobs in the others, leases of two seconds so
+that a dead process's work comes back quickly.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from joblane.queries import quote_ident
+
+from . import chaos_app
+from .harness import (RELAY_ARGS, TALLY, WORKER_ARGS, Destination, Fleet, Ledger, check, check_outbox, enqueue,
+                      wait_outbox_sent, wait_quiet)
+
+
+
+@pytest.fixture
+def app(app):
+    """The test's App enqueues with the chaos app's task settings (queue, max_attempts)."""
+    app.tasks.update(chaos_app.app.tasks)
+    return app
+
+
+@pytest.fixture
+def ledger() -> Ledger:
+    return Ledger()
+
+
+@pytest.fixture
+def fleet_factory(app, joblane_dsn, tmp_path):
+    fleets: list[Fleet] = []
+
+    def make(args=WORKER_ARGS, *, command: str = "worker", env: dict | None = None) -> Fleet:
+        fleet = Fleet(app.schema, joblane_dsn, tmp_path / "runs.log", tmp_path, list(args), env=env, command=command)
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.close()
+
+
+def mix(n: int, rng: random.Random) -> list[tuple[str, dict]]:
+    """Mostly quick successes, with the other endings sprinkled in."""
+    out = []
+    for i in range(n):
+        roll = rng.random()
+        kind = "ok" if roll < 0.94 else "flaky" if roll < 0.97 else "bad" if roll < 0.985 else "review"
+        out.append((kind, {"n": i}))
+    return out
+
+
+def assert_no_violations(violations: list[str], fleet: Fleet) -> None:
+    if violations:
+        logs = "\n".join(w.output()[-1500:] for w in (fleet.workers + fleet.retired)[-2:])
+        pytest.fail(f"{len(violations)} invariant violations:\n" + "\n".join(violations[:15]) + "\n" + logs)
+
+
+def test_sigkill_and_dropped_connections_while_10000_jobs_and_5000_messages_flow(app, conn, joblane_dsn, ledger,
+                                                                                 fleet_factory, tmp_path):
+    """Jobs and outbox rows are written together, as an application does; workers and relays are killed."""
+    rng = random.Random(6)
+    runs = tmp_path / "runs.log"
+    destination = Destination(tmp_path / "destination.log")
+    enqueue(app, joblane_dsn, ledger, mix(2000, rng), messages=1000)
+    workers = fleet_factory()
+    relays = fleet_factory(RELAY_ARGS, command="relay", env={"CHAOS_SINK": str(destination.path)})
+    workers.start(3)
+    relays.start(2)
+    violations: list[str] = []
+    graceful: list[int] = []
+    schedule = [
+        lambda: workers.sigkill(), lambda: relays.sigkill(), lambda: workers.terminate_connections(conn),
+        lambda: workers.sigkill(), lambda: relays.terminate_connections(conn),
+        lambda: graceful.append(workers.sigterm(conn)),  # mid-burst: finish or give back, exit 0
+    ]
+    for round_no in range(12):
+        # work arrives faster than three workers finish it, so each fault lands on busy processes
+        enqueue(app, joblane_dsn, ledger, mix(670, rng), messages=335)
+        enqueue(app, joblane_dsn, ledger, mix(30, rng), messages=15, rollback=True)  # must never run or arrive
+        time.sleep(rng.uniform(0.3, 0.7))
+        schedule[round_no % len(schedule)]()  # a fresh process takes a killed one's place
+        label = f"after fault {round_no + 1}"
+        violations += check(conn, app.schema, ledger, runs, final=False, label=label)
+        violations += check_outbox(conn, app.schema, ledger, destination, final=False, label=label)
+    # a kill right after a terminate, while the queue is still busy
+    workers.terminate_connections(conn)
+    workers.sigkill()
+    if not wait_quiet(conn, app.schema, workers, timeout=150):
+        violations.append("the queue did not drain after the faults stopped")
+    if not wait_outbox_sent(conn, app.schema, relays):
+        violations.append("the outbox did not drain after the faults stopped")
+    codes = graceful + workers.sigterm_all(conn) + relays.sigterm_all(conn)
+    assert codes and all(c == 0 for c in codes), codes
+    violations += check(conn, app.schema, ledger, runs, final=True, label="storm, final")
+    violations += check_outbox(conn, app.schema, ledger, destination, final=True, label="storm, final")
+    TALLY.jobs += len(ledger.committed)
+    TALLY.messages += len(ledger.messages)
+    assert_no_violations(violations, workers)
+    lost = conn.execute(f"SELECT count(*) FROM {quote_ident(app.schema)}.attempts WHERE outcome = 'lost'").fetchone()[0]
+    assert lost > 0, "the SIGKILLs hit running jobs, which came back through the rescuer"
+    assert len(ledger.committed) >= 10_000 and len(ledger.messages) >= 5_000
+
+
+def test_tasks_that_hang_raise_or_exit_the_process(app, conn, joblane_dsn, ledger, fleet_factory, tmp_path):
+    rng = random.Random(7)
+    runs = tmp_path / "runs.log"
+    work = mix(500, rng) + [("hang", {})] * 8 + [("flaky", {})] * 30 + [("bad", {})] * 10 + [("exit", {})] * 3
+    rng.shuffle(work)
+    enqueue(app, joblane_dsn, ledger, work)
+    fleet = fleet_factory()
+    fleet.start(2)
+    violations: list[str] = []
+    exits = 0
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        replaced = fleet.replace_dead()  # a task's os._exit took its worker down
+        exits += replaced
+        if replaced:
+            violations += check(conn, app.schema, ledger, runs, final=False, label="after a task exited its worker")
+        if wait_quiet(conn, app.schema, None, timeout=0.5):
+            break
+    else:
+        violations.append("the queue did not drain")
+    TALLY.faults["os_exit_in_task"] += exits
+    TALLY.faults["task_timeout"] += conn.execute(
+        f"SELECT count(*) FROM {quote_ident(app.schema)}.attempts WHERE error LIKE '%%timed out%%'").fetchone()[0]
+    TALLY.faults["task_raised"] += conn.execute(
+        f"SELECT count(*) FROM {quote_ident(app.schema)}.attempts WHERE outcome IN ('retry', 'failed', 'held')"
+        " AND error NOT LIKE '%%timed out%%'").fetchone()[0]
+    codes = fleet.sigterm_all(conn)
+    assert all(c == 0 for c in codes), codes
+    violations += check(conn, app.schema, ledger, runs, final=True, label="task faults, final")
+    TALLY.jobs += len(ledger.committed)
+    assert_no_violations(violations, fleet)
+    assert exits >= 3, "each exit job took a worker down once"
+
+
+def test_sigterm_during_a_burst_gives_back_and_nothing_is_lost(app, conn, joblane_dsn, ledger, fleet_factory, tmp_path):
+    rng = random.Random(8)
+    runs = tmp_path / "runs.log"
+    fleet = fleet_factory(["--concurrency", "10", "--lease", "2", "--poll-interval", "0.2", "--grace", "1"])
+    fleet.start(2)
+    fleet.wait_ready(conn)
+    violations: list[str] = []
+    burst = [("slow", {"seconds": rng.choice([0.05, 0.2])}) for _ in range(200)] + mix(600, rng)
+    rng.shuffle(burst)
+    burst = [("slow", {"seconds": 2.0})] * 24 + burst  # claimed first: still running when SIGTERM lands
+    enqueue(app, joblane_dsn, ledger, burst)
+    s = quote_ident(app.schema)
+    deadline = time.monotonic() + 60
+    while conn.execute(f"SELECT count(*) FROM {s}.jobs WHERE state = 'running'").fetchone()[0] < 10:
+        assert time.monotonic() < deadline, "the burst never got going"
+        time.sleep(0.05)
+    codes = fleet.sigterm_all(conn, timeout=30)
+    TALLY.faults["sigterm_worker"] += len(codes)
+    assert codes and all(c == 0 for c in codes), codes
+    assert conn.execute(f"SELECT count(*) FROM {s}.jobs WHERE state = 'running'").fetchone()[0] == 0, \
+        "a graceful stop leaves nothing running"
+    given_back = conn.execute(f"SELECT count(*) FROM {s}.attempts WHERE outcome = 'snoozed'").fetchone()[0]
+    violations += check(conn, app.schema, ledger, runs, final=False, label="after SIGTERM")
+    fleet.start(2)
+    if not wait_quiet(conn, app.schema, fleet, timeout=120):
+        violations.append("the queue did not drain after the restart")
+    codes = fleet.sigterm_all(conn)
+    assert all(c == 0 for c in codes), codes
+    violations += check(conn, app.schema, ledger, runs, final=True, label="sigterm burst, final")
+    TALLY.jobs += len(ledger.committed)
+    assert_no_violations(violations, fleet)
+    assert given_back > 0, "the 2-second tasks outlived the 1-second grace and were given back"
