@@ -18,8 +18,6 @@ CREATE TABLE {schema}.jobs (
     unique_key    text,
     replay_of     bigint,
     result        jsonb,
-    -- trace context (W3C traceparent) of the enqueue, set only while a span is active
-    headers       jsonb,
     created_at    timestamptz NOT NULL DEFAULT now(),
     finished_at   timestamptz,
     -- a running job always has an owner and a lease; nothing else does
@@ -47,12 +45,6 @@ CREATE INDEX jobs_finished ON {schema}.jobs (finished_at)
 
 CREATE INDEX jobs_replay_of ON {schema}.jobs (replay_of) WHERE replay_of IS NOT NULL;
 
--- The review queue and the dashboard's counts read held and failed jobs from
--- these; both sets stay small however long the history grows, so a count or
--- an "oldest first" page never reads the finished rows.
-CREATE INDEX jobs_held ON {schema}.jobs (queue, id) WHERE state = 'held';
-CREATE INDEX jobs_failed ON {schema}.jobs (queue, finished_at) WHERE state = 'failed';
-
 -- One row per try. No foreign key to jobs: the pruner deletes both in one
 -- statement, and a foreign key would cost an index probe on every insert of
 -- the hot completion path.
@@ -70,12 +62,6 @@ CREATE TABLE {schema}.attempts (
 );
 CREATE INDEX attempts_job ON {schema}.attempts (job_id, attempt);
 CREATE INDEX attempts_finished ON {schema}.attempts (finished_at);
--- Filters of `joblane attempts` and its export. Both are partial, so the
--- completion path pays only for the rows they cover: attempts that record a
--- model, and attempts that did not simply succeed.
-CREATE INDEX attempts_model ON {schema}.attempts ((meta->>'model'), finished_at)
-    WHERE meta->>'model' IS NOT NULL;
-CREATE INDEX attempts_outcome ON {schema}.attempts (outcome, finished_at) WHERE outcome <> 'done';
 
 CREATE TABLE {schema}.outbox (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -103,69 +89,9 @@ CREATE INDEX outbox_ready ON {schema}.outbox (run_after, id) WHERE state = 'pend
 CREATE INDEX outbox_key_unsent ON {schema}.outbox (topic, key, id)
     WHERE state <> 'sent' AND key IS NOT NULL;
 CREATE INDEX outbox_sent ON {schema}.outbox (sent_at) WHERE state = 'sent';
--- Failed rows per topic for the dashboard and `outbox retry`, without reading the sent history.
-CREATE INDEX outbox_failed ON {schema}.outbox (topic, id) WHERE state = 'failed';
 
 -- Keys a Python receiver has already processed (App.inbox).
--- Checkpointed steps: the JSON result of each finished step of a job
--- (job.step), so a retry returns it instead of calling the model again.
-CREATE TABLE {schema}.job_steps (
-    job_id      bigint      NOT NULL,
-    name        text        NOT NULL,
-    attempt     integer     NOT NULL,
-    result      jsonb,
-    finished_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (job_id, name)
-);
-
 CREATE TABLE {schema}.inbox (
     key          text PRIMARY KEY,
     received_at  timestamptz NOT NULL DEFAULT now()
 );
-
--- One row per tick a periodic schedule enqueued (periodic.py). The primary key
--- makes a tick enqueue once across any number of workers, also after its job
--- finished and left the unique_key index. The scheduler prunes old ticks but
--- keeps each schedule's latest, which is what it catches up from.
-CREATE TABLE {schema}.periodic_ticks (
-    name         text        NOT NULL,
-    tick         timestamptz NOT NULL,
-    enqueued_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (name, tick)
-);
-
--- Rate limits of a queue, shared by every worker on every host (ratelimit.py).
--- Only queues with a row here are claimed through claim_jobs_limited; every
--- other queue keeps the plain claim.
-CREATE TABLE {schema}.queue_limits (
-    queue            text PRIMARY KEY,
-    max_starts       integer CHECK (max_starts > 0),          -- starts per starts_interval
-    starts_interval  float8  NOT NULL DEFAULT 1 CHECK (starts_interval > 0),
-    concurrency      integer CHECK (concurrency > 0),         -- running at once, all workers
-    max_cost         float8  CHECK (max_cost > 0),            -- estimated/settled cost per cost_interval
-    cost_interval    float8  NOT NULL DEFAULT 60 CHECK (cost_interval > 0),
-    cost_path        text[],                                  -- payload field holding a job's estimate
-    default_cost     float8  NOT NULL DEFAULT 0 CHECK (default_cost >= 0),
-    key_path         text[],                                  -- payload field of the fairness key
-    per_key          integer CHECK (per_key > 0),             -- running at once per key
-    updated_at       timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT queue_limits_key CHECK ((key_path IS NULL) = (per_key IS NULL))
-);
-
--- A queue that no worker starts jobs from until `until` (RetryAfter(pause_queue=True)).
-CREATE TABLE {schema}.queue_pauses (
-    queue   text PRIMARY KEY,
-    until   timestamptz NOT NULL,
-    reason  text
-);
-
--- The sliding-window log of a limited queue: one row per start, with the
--- cost it reserved, kept for the longest window of the queue's limits.
-CREATE TABLE {schema}.queue_starts (
-    queue       text        NOT NULL,
-    started_at  timestamptz NOT NULL,
-    job_id      bigint      NOT NULL,
-    attempt     integer     NOT NULL,
-    cost        float8      NOT NULL DEFAULT 0
-);
-CREATE INDEX queue_starts_window ON {schema}.queue_starts (queue, started_at);
