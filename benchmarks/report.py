@@ -16,7 +16,7 @@ DOCS = HERE.parent / "docs"
 NAMES = {
     "a": "a: enqueue, one transaction each (jobs/s)",
     "b": "b: bulk enqueue, 1,000 per call (jobs/s)",
-    "c": "c: process 20,000 no-op jobs, one worker (jobs/s, done in the DB)",
+    "c": "c: process pre-filled no-op jobs, one worker (jobs/s, done in the DB)",
     "d": "d: enqueue-to-start latency, idle worker (ms)",
 }
 
@@ -48,6 +48,8 @@ def plot(results: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", default=str(HERE / "results.json"))
+    parser.add_argument("--extra", default=str(HERE / "extra.jsonl"),
+                        help="joblane bench --json lines of workloads e, f, g (joblane alone)")
     args = parser.parse_args()
     data = json.loads(Path(args.results).read_text())
     DOCS.mkdir(exist_ok=True)
@@ -80,10 +82,26 @@ def main() -> None:
         ratios = [x for x in data["ratios"] if x["workload"] == workload]
         if ratios:
             lines += ["", "joblane / peer (higher is better for joblane; for d, the peer's latency over joblane's):", ""]
-            lines += [f"- {x['profile']}: {x['ratio']:.2f}x {x['peer']}" for x in ratios]
+            lines += [f"- {x['profile'] + ': ' if x['profile'] != '-' else ''}{x['ratio']:.2f}x {x['peer']}"
+                      for x in ratios]
+        lines.append("")
+    extra_path = Path(args.extra)
+    if extra_path.exists():
+        extra = [json.loads(line) for line in extra_path.read_text().splitlines() if line.strip()]
+        lines += ["## Extra workloads (joblane alone)", "",
+                  "e: outbox rows delivered by one relay; f: workload c with jobs waiting in the same queue",
+                  "(scheduled later, so the claim walks the partial index past nothing); g: 8 threads enqueueing",
+                  "one job per transaction, with and without the wake-up notification.", "",
+                  "`python -m joblane bench -w e -w f -w g --json > benchmarks/extra.jsonl`", "",
+                  "| workload | settings | result |", "|---|---|---|"]
+        for r in extra:
+            lines.append(f"| {r['workload']} | {r['settings']} | {r['value']:,.0f} {r['unit']} |")
         lines.append("")
     plot(data["results"], DOCS / "benchmarks.png")
     lines += ["![jobs/s per system](benchmarks.png)", ""]
+    notes = HERE / "notes.md"
+    if notes.exists():  # where the time goes, measured by hand on the same machine
+        lines += [notes.read_text().rstrip(), ""]
     (DOCS / "benchmarks.md").write_text("\n".join(lines))
     print(f"wrote {DOCS / 'benchmarks.md'} and {DOCS / 'benchmarks.png'}")
 

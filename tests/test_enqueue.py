@@ -177,3 +177,47 @@ def test_run_after_and_payload_round_trip(app, conn):
     job = app.get_job(job_id)
     assert job["payload"] == payload and job["run_after"] == when and job["state"] == "pending"
     assert json.loads(json.dumps(job["payload"])) == payload
+
+
+def test_notifications_are_debounced_per_queue(app, joblane_dsn):
+    app.notify_debounce = 60.0  # a long window: only the first enqueue per queue notifies
+    with psycopg.connect(joblane_dsn, autocommit=True) as listener, psycopg.connect(joblane_dsn, autocommit=True) as c:
+        listener.execute(f'LISTEN "{app.channel}"')
+        for _ in range(5):
+            app.enqueue(c, "k", {}, queue="a")
+            app.enqueue(c, "k", {}, queue="b")
+        got = [n.payload for n in listener.notifies(timeout=0.5)]
+    assert got == ["a", "b"]
+    with pytest.raises(joblane.JoblaneError):
+        joblane.App(joblane_dsn, schema=app.schema, notify_debounce=-1)
+
+
+async def test_jobs_whose_notification_was_skipped_start_without_waiting_for_the_poll(app, conn):
+    """A burst shares one notification; the woken worker's follow-up claim finds the rest."""
+    import asyncio
+    import time
+
+    from joblane.worker import Worker
+
+    app.notify_debounce = 0.05
+    seen = []
+
+    @app.task("burst")
+    async def burst(job):
+        seen.append(time.monotonic())
+
+    worker = Worker(app, poll_interval=30.0, concurrency=10)  # a poll would take 30 s
+    runner = asyncio.create_task(worker.run(install_signals=False))
+    await worker.started.wait()
+    await asyncio.sleep(0.3)  # listening, idle
+    started = time.monotonic()
+    for i in range(5):
+        await asyncio.to_thread(app.enqueue, conn, "burst", {"i": i})
+    for _ in range(200):
+        if len(seen) == 5:
+            break
+        await asyncio.sleep(0.05)
+    worker.request_stop()
+    await runner
+    assert len(seen) == 5
+    assert max(seen) - started < 10, "the burst waited for the 30 s poll"

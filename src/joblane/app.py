@@ -149,6 +149,7 @@ class App:
         lease_seconds: float = 30.0,
         max_payload_bytes: int = 1_000_000,
         notify: bool = True,
+        notify_debounce: float = 0.005,
     ):
         self._dsn = dsn
         if schema is None:
@@ -166,6 +167,15 @@ class App:
         self.lease_seconds = float(lease_seconds)
         self.max_payload_bytes = max_payload_bytes
         self.notify = notify
+        # NOTIFY takes a cluster-wide lock at commit, so notifying transactions
+        # commit one at a time. Within notify_debounce seconds of a notification
+        # for a queue, further enqueues skip theirs: the worker a notification
+        # wakes claims again that long after it (Worker follow-up), so a job
+        # whose enqueue skipped the notification still starts within milliseconds.
+        if notify_debounce < 0:
+            raise JoblaneError("notify_debounce must be >= 0 seconds")
+        self.notify_debounce = float(notify_debounce)
+        self._notified_at: dict[str, float] = {}
         self.tasks: dict[str, Task] = {}
         self.periodic_tasks: dict[str, Any] = {}  # schedule name -> periodic.Schedule
         self.rate_limits: dict[str, Any] = {}  # queue -> ratelimit.Limit, written by every worker at start
@@ -287,7 +297,16 @@ class App:
         state = HELD if held else PENDING
         ready_now = not held and delay == 0 and (run_after is None or run_after <= dt.datetime.now(dt.timezone.utc))
         args = [queue, kind, body, priority, max_attempts, run_after, float(delay), unique_key, state]
-        return args, ready_now and self.notify
+        return args, ready_now and self.notify and self._should_notify(queue)
+
+    def _should_notify(self, queue: str) -> bool:
+        if not self.notify_debounce:
+            return True
+        now = time.monotonic()
+        if now - self._notified_at.get(queue, -1e9) < self.notify_debounce:
+            return False
+        self._notified_at[queue] = now
+        return True
 
     def enqueue(
         self,
@@ -400,7 +419,7 @@ class App:
                 delay_col.append(0.0)
                 key_col.append(None)
                 state_col.append(PENDING)
-                notify = notify or self.notify
+                notify = notify or (self.notify and self._should_notify(resolved[0]))
             if len(queue_col) >= ENQUEUE_CHUNK:
                 yield columns, notify
                 columns = [[] for _ in range(9)]

@@ -132,6 +132,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot = asyncio.Event()
         self._run_slots = asyncio.Semaphore(concurrency)
+        self._follow_up = False
         self._signals = 0
         self._pool: asyncpg.Pool | None = None
         self._threads: ThreadPoolExecutor | None = None
@@ -245,10 +246,20 @@ class Worker:
             for row in sorted(rows, key=_claim_order):
                 self._start(row)
             if len(rows) < want:
+                # After a notification, look once more a debounce window later:
+                # enqueues within that window skipped their own notification.
+                wait = self.poll_interval
+                if self._follow_up:
+                    self._follow_up = False
+                    wait = min(wait, max(0.002, 2 * self.app.notify_debounce))
                 try:
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                    await asyncio.wait_for(self._wake.wait(), wait)
                 except asyncio.TimeoutError:
                     pass
+
+    def _notified(self) -> None:
+        self._follow_up = self.app.notify_debounce > 0
+        self._wake.set()
 
     def _start(self, row) -> None:
         job = Job(
@@ -363,7 +374,7 @@ class Worker:
             background.append(asyncio.create_task(self.scheduler.run(self._pool, self._stopping), name="scheduler"))
         notifier = None
         if self.listen:
-            notifier = Notifier(self.app.dsn, self.app.channel, set(self.queues), self._wake.set,
+            notifier = Notifier(self.app.dsn, self.app.channel, set(self.queues), self._notified,
                                 application_name=self.application_name)
             background.append(asyncio.create_task(notifier.run(self._stopping), name="notifier"))
         self.started.set()
