@@ -274,7 +274,7 @@ def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int =
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
                 cleanup.append(lambda: (server.terminate(), server.wait(10)))
                 _wait_for_port(port)
-                app.route("bench.", HttpSink(f"http://127.0.0.1:{port}/hook", concurrency=64))
+                app.route("bench.", HttpSink(f"http://127.0.0.1:{port}/hook", concurrency=8))
             elif sink == "nats":
                 from .outbox.sinks import NatsSink
 
