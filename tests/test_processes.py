@@ -78,7 +78,8 @@ def test_sigterm_waits_for_running_jobs_within_grace(app, conn, spawn_worker):
     create_runs_table(conn, app.schema)
     ids = app.enqueue_many(conn, [JobSpec("sleepy", {"seconds": 1.0}) for _ in range(5)])
     w = spawn_worker(APP, app.schema, "--concurrency", "5", "--grace", "20")
-    wait_until(lambda: count(conn, app, "state = 'running'") == 5, timeout=30)
+    # every task has started (each records its run first): claimed jobs not yet started would be given back
+    wait_until(lambda: conn.execute(f"SELECT count(*) FROM {table(app, 'runs')}").fetchone()[0] == 5, timeout=30)
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0
     assert count(conn, app, "state = 'done'") == len(ids)

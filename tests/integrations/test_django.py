@@ -118,7 +118,7 @@ def test_manage_py_joblane_worker_runs_the_job_a_view_enqueued(project, client):
     from .djangoproject.leads.models import Lead
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": SETTINGS}
-    worker = subprocess.Popen([sys.executable, "-m", "django", "joblane_worker", "--poll-interval", "0.2",
+    worker = subprocess.Popen([sys.executable, "-m", "django", "joblane_worker", "--poll-interval", "0.2", "-v", "2",
                                "--log-format", "json"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
