@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import random
-import signal
 import socket
 import uuid
 from collections import Counter, defaultdict
@@ -37,6 +36,7 @@ import asyncpg
 from .. import telemetry
 from ..app import App
 from ..errors import JoblaneError, SchemaVersionError
+from ..lifecycle import GracefulSignals, sleep_unless
 from ..maintenance.service import Service
 from ..migrations import latest_version
 from ..queries import quote_ident
@@ -169,7 +169,6 @@ class Relay:
         self._pool: asyncpg.Pool | None = None
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
-        self._signals = 0
         self.started = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------
@@ -444,26 +443,10 @@ class Relay:
                 await self._wait(self.poll_interval * random.uniform(1 - self.jitter, 1 + self.jitter))
 
     async def _wait(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
+        await sleep_unless(self._wake, seconds)
 
     async def _sleep(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
-
-    def _on_signal(self, signame: str) -> None:
-        self._signals += 1
-        if self._signals == 1:
-            log.info("%s received: finishing the batches in flight (grace %.0fs); send again to exit at once",
-                     signame, self.grace_seconds)
-            self.request_stop()
-        else:
-            log.warning("%s received again: exiting now; leased rows come back when their leases end", signame)
-            os._exit(1)
+        await sleep_unless(self._stopping, seconds)
 
     async def run(self, *, install_signals: bool = True) -> Counter[str]:
         """Relay until ``request_stop()`` or SIGTERM/SIGINT; returns counts of what was done."""
@@ -471,8 +454,9 @@ class Relay:
 
         loop = asyncio.get_running_loop()
         if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_signal, sig.name)
+            GracefulSignals(self.request_stop, log,
+                            draining=f"finishing the batches in flight (grace {self.grace_seconds:.0f}s)",
+                            abandoning="leased rows come back when their leases end").install(loop)
         try:
             failures = 0
             deadline = loop.time() + self.connect_timeout
@@ -514,8 +498,7 @@ class Relay:
         finally:
             await self.close()
             if install_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
+                GracefulSignals.remove(loop)
         log.info("relay %s stopped: %s", self.name, {k: v for k, v in self.stats.items() if v})
         return self.stats
 

@@ -9,6 +9,8 @@ from typing import Callable
 
 import asyncpg
 
+from ..lifecycle import sleep_unless
+
 
 log = logging.getLogger("joblane.worker")
 
@@ -61,7 +63,7 @@ class Notifier:
                         conn.terminate()
             if not stopping.is_set():
                 self.wake()
-                await _sleep_unless(stopping, min(5.0, 0.1 * 2 ** min(failures, 6)) * random.uniform(0.8, 1.2))
+                await sleep_unless(stopping, min(5.0, 0.1 * 2 ** min(failures, 6)) * random.uniform(0.8, 1.2))
 
 
 async def _first(*events: asyncio.Event) -> None:
@@ -71,12 +73,5 @@ async def _first(*events: asyncio.Event) -> None:
     finally:
         for w in waiters:
             w.cancel()
-
-
-async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(event.wait(), seconds)
-    except asyncio.TimeoutError:
-        pass
 
 

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import random
-import signal
 import socket
 import uuid
 from collections import Counter
@@ -23,6 +22,7 @@ import asyncpg
 from .. import telemetry
 from ..app import App
 from ..errors import JoblaneError, SchemaVersionError
+from ..lifecycle import GracefulSignals, sleep_unless
 from ..maintenance import Pruner, Rescuer
 from ..migrations import latest_version
 from ..queries import quote_ident
@@ -133,7 +133,6 @@ class Worker:
         self._slot = asyncio.Event()
         self._run_slots = asyncio.Semaphore(concurrency)
         self._follow_up = False
-        self._signals = 0
         self._pool: asyncpg.Pool | None = None
         self._threads: ThreadPoolExecutor | None = None
         self.started = asyncio.Event()
@@ -333,27 +332,14 @@ class Worker:
     # -- lifecycle --------------------------------------------------------
 
     async def _sleep(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
-
-    def _on_signal(self, signame: str) -> None:
-        self._signals += 1
-        if self._signals == 1:
-            log.info("%s received: finishing running jobs (grace %.0fs); send again to exit at once",
-                     signame, self.grace_seconds)
-            self.request_stop()
-        else:
-            log.warning("%s received again: exiting now; running jobs return when their leases expire", signame)
-            os._exit(1)
+        await sleep_unless(self._stopping, seconds)
 
     async def run(self, *, install_signals: bool = True) -> Counter[str]:
         """Run until ``request_stop()`` or SIGTERM/SIGINT; returns counts of outcomes."""
         loop = asyncio.get_running_loop()
         if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_signal, sig.name)
+            GracefulSignals(self.request_stop, log, draining=f"finishing running jobs (grace {self.grace_seconds:.0f}s)",
+                            abandoning="running jobs return when their leases expire").install(loop)
         self._loop = loop
         self._threads = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="joblane-task")
         self._pool = await self._connect()
@@ -383,8 +369,7 @@ class Worker:
         finally:
             await self._shutdown(services_done, background)
             if install_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
+                GracefulSignals.remove(loop)
         return self.stats
 
     async def _shutdown(self, services_done: asyncio.Event, background: list[asyncio.Task]) -> None:
