@@ -15,6 +15,7 @@ import pytest
 from joblane.queries import quote_ident
 
 from . import chaos_app
+from ..conftest import wait_until
 from .harness import (RELAY_ARGS, TALLY, WORKER_ARGS, Destination, Fleet, Ledger, check, check_outbox, enqueue,
                       wait_outbox_sent, wait_quiet)
 
@@ -89,9 +90,15 @@ def test_sigkill_and_dropped_connections_while_10000_jobs_and_5000_messages_flow
         label = f"after fault {round_no + 1}"
         violations += check(conn, app.schema, ledger, runs, final=False, label=label)
         violations += check_outbox(conn, app.schema, ledger, destination, final=False, label=label)
-    # a kill right after a terminate, while the queue is still busy
+    # a kill right after a terminate, aimed at a worker that is running jobs right now
+    enqueue(app, joblane_dsn, ledger, [("slow", {"seconds": 2.0}) for _ in range(30)])
+    busy = wait_until(lambda: conn.execute(
+        f"SELECT worker FROM {quote_ident(app.schema)}.jobs WHERE state = 'running' AND kind = 'slow' LIMIT 1"
+    ).fetchone(), timeout=60, message="a worker running the slow jobs")
+    pid = int(busy[0].split(":")[1])  # worker names are host:pid:suffix
+    victim = next((w for w in workers.workers if w.proc.pid == pid), None)
     workers.terminate_connections(conn)
-    workers.sigkill()
+    workers.sigkill(victim)
     if not wait_quiet(conn, app.schema, workers, timeout=150):
         violations.append("the queue did not drain after the faults stopped")
     if not wait_outbox_sent(conn, app.schema, relays):

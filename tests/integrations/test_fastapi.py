@@ -34,7 +34,10 @@ def to_url(conninfo: str) -> str:
     """asyncpg takes URLs only."""
     p = conninfo_to_dict(conninfo)
     auth = p.get("user", "") + (f":{p['password']}" if p.get("password") else "")
-    return f"postgresql://{auth}@{p.get('host', 'localhost')}:{p.get('port', 5432)}/{p['dbname']}"
+    host, port = p.get("host", "localhost"), p.get("port", 5432)
+    if host.startswith("/"):  # a Unix socket directory (the embedded server)
+        return f"postgresql://{auth}@/{p['dbname']}?host={host}&port={port}"
+    return f"postgresql://{auth}@{host}:{port}/{p['dbname']}"
 
 
 def test_the_fastapi_example_enqueues_in_the_request_transaction_and_its_worker_runs_the_job(database):
