@@ -99,3 +99,17 @@ def test_claim_reads_the_partial_index(joblane_dsn, joblane_schema):
         text = "\n".join(r[0] for r in plan)
         assert "jobs_ready" in text, text
         assert "Seq Scan" not in text and "Sort Key: j.priority" not in text.split("Limit")[-1], text
+
+
+def test_schema_sql_is_what_the_migrations_produce(joblane_dsn, joblane_schema):
+    """sql/schema.sql is the reviewable dump; regenerate it with `python -m joblane.schema_dump`."""
+    from joblane.schema_dump import SCHEMA_FILE, dump
+
+    committed = SCHEMA_FILE.read_text()
+    with psycopg.connect(joblane_dsn, autocommit=True) as conn:
+        assert dump(conn, joblane_schema) == committed, "a migration changed the schema: run python -m joblane.schema_dump"
+        # and the dump itself builds the same catalog
+        with isolated_schema(joblane_dsn, migrate=False) as fresh:
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(fresh)}")
+            conn.execute(committed.replace("{schema}", quote_ident(fresh)))
+            assert dump(conn, fresh) == committed
