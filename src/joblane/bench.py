@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import psycopg
+from psycopg import sql
 
 from .app import App
 from .queries import quote_ident
@@ -80,7 +81,7 @@ def _prefill(app: App, jobs: int) -> None:
     with psycopg.connect(app.dsn, autocommit=True) as conn:
         for start in range(0, jobs, 5000):
             app.enqueue_many(conn, [JobSpec("noop", {"i": i}) for i in range(start, min(jobs, start + 5000))])
-        conn.execute(f"ANALYZE {quote_ident(app.schema)}.jobs")
+        conn.execute(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(app.schema)))
 
 
 def _unfinished_watch(app: App, done: threading.Event, finished_at: list[float]) -> None:
@@ -108,7 +109,7 @@ def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch:
                 conn.execute(
                     f"UPDATE {quote_ident(schema)}.jobs SET run_after = now() + interval '1 day'"
                     f" WHERE id IN (SELECT id FROM {quote_ident(schema)}.jobs ORDER BY id DESC LIMIT %s)", (waiting,))
-                conn.execute(f"VACUUM ANALYZE {quote_ident(schema)}.jobs")
+                conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(sql.Identifier(schema)))
 
         async def run() -> tuple[float, float]:
             worker = Worker(app, concurrency=concurrency, claim_batch=claim_batch, **worker_options)
@@ -291,7 +292,7 @@ def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int =
                     f"INSERT INTO {q}.outbox (topic, payload, idempotency_key)"
                     " SELECT %s, jsonb_build_object('i', i), 'bench:' || i FROM generate_series(1, %s) AS i",
                     (subject_prefix, rows))
-                conn.execute(f"ANALYZE {q}.outbox")
+                conn.execute(sql.SQL("ANALYZE {}.outbox").format(sql.Identifier(schema)))
 
             async def run() -> tuple[float, float]:
                 r = Relay(app, batch_size=batch_size, concurrency=concurrency)

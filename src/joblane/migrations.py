@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
 from importlib import resources
+
+from psycopg import sql
 
 from .errors import SchemaVersionError
 from .queries import quote_ident
@@ -23,7 +26,8 @@ class Migration:
         return self.sql.replace("{schema}", quote_ident(schema))
 
 
-def all_migrations() -> list[Migration]:
+@functools.lru_cache(maxsize=None)
+def all_migrations() -> tuple[Migration, ...]:
     folder = resources.files("joblane") / "sql" / "migrations"
     found = []
     for entry in folder.iterdir():
@@ -34,7 +38,7 @@ def all_migrations() -> list[Migration]:
     for i, mig in enumerate(found, start=1):
         if mig.version != i:
             raise RuntimeError(f"migrations are not numbered 1..n: found {mig.version} at position {i}")
-    return found
+    return tuple(found)
 
 
 def latest_version() -> int:
@@ -47,15 +51,18 @@ def lock_key(schema: str, purpose: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def _version_sql(schema: str) -> tuple[str, str]:
+    """The two probes of a schema's version: does its migrations table exist ($1), and its highest version."""
+    table = sql.SQL("{}.migrations").format(sql.Identifier(schema)).as_string(None)
+    return table, sql.SQL("SELECT coalesce(max(version), 0) FROM {}").format(sql.SQL(table)).as_string(None)
+
+
 def _applied_version(conn, schema: str) -> int | None:
     """The schema's version, or None when joblane was never installed there (psycopg, sync)."""
-    exists = conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL", (f"{quote_ident(schema)}.migrations",)
-    ).fetchone()[0]
-    if not exists:
+    table, highest = _version_sql(schema)
+    if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]:
         return None
-    row = conn.execute(f"SELECT max(version) FROM {quote_ident(schema)}.migrations").fetchone()
-    return row[0] or 0
+    return conn.execute(highest).fetchone()[0]
 
 
 def migrate(conn, schema: str, *, target: int | None = None) -> list[int]:
@@ -67,16 +74,16 @@ def migrate(conn, schema: str, *, target: int | None = None) -> list[int]:
     migrations = all_migrations()
     latest = len(migrations)
     target = latest if target is None else target
-    quoted = quote_ident(schema)
+    ident = sql.Identifier(schema)
     applied: list[int] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema, "migrate"),))
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {quoted}.migrations ("
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.migrations ("
             " version integer PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
+        ).format(ident))
         current = _applied_version(conn, schema) or 0
         if current > latest:
             raise SchemaVersionError(
@@ -86,23 +93,36 @@ def migrate(conn, schema: str, *, target: int | None = None) -> list[int]:
         for mig in migrations:
             if current < mig.version <= target:
                 conn.execute(mig.render(schema))
-                conn.execute(
-                    f"INSERT INTO {quoted}.migrations (version, name) VALUES (%s, %s)", (mig.version, mig.name)
-                )
+                conn.execute(sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%s, %s)").format(ident),
+                             (mig.version, mig.name))
                 applied.append(mig.version)
     return applied
 
 
-def check(conn, schema: str) -> int:
-    """Raise SchemaVersionError unless the schema is exactly at this code's version."""
+def verify(schema: str, current: int | None) -> int:
+    """Raise SchemaVersionError unless ``current`` is exactly this code's version; return it."""
     latest = latest_version()
-    current = _applied_version(conn, schema)
-    if current is None or current < latest:
+    if current is None:
+        raise SchemaVersionError(f"schema {schema!r} has no joblane tables: run `joblane migrate`")
+    if current < latest:
         raise SchemaVersionError(
-            f"schema {schema!r} is at version {current or 0}, this joblane needs {latest}: run `joblane migrate`"
+            f"schema {schema!r} is at version {current}, this joblane needs {latest}: run `joblane migrate`"
         )
     if current > latest:
         raise SchemaVersionError(
             f"schema {schema!r} is at version {current}, newer than this joblane knows ({latest}): upgrade joblane"
         )
     return current
+
+
+def check(conn, schema: str) -> int:
+    """Raise SchemaVersionError unless the schema is exactly at this code's version (psycopg, sync)."""
+    return verify(schema, _applied_version(conn, schema))
+
+
+async def check_async(conn, schema: str) -> int:
+    """``check`` on an asyncpg connection (the worker and the relay at start)."""
+    table, highest = _version_sql(schema)
+    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
+        return verify(schema, None)
+    return verify(schema, await conn.fetchval(highest))

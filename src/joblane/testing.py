@@ -17,6 +17,7 @@ import uuid
 from typing import Any, Iterator
 
 import psycopg
+from psycopg import sql
 
 from .app import App
 from .queries import quote_ident
@@ -63,7 +64,7 @@ def isolated_schema(dsn: str, schema: str | None = None, *, migrate: bool = True
         yield schema
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @contextlib.contextmanager
@@ -130,13 +131,13 @@ def assert_enqueued(app: App, conn: Any = None, *, kind: str, payload: Any = Non
     """Assert a job of ``kind`` (with exactly ``payload`` when given) is in ``state``; return its id."""
     from . import store
 
-    sql = (f"SELECT id, payload::text FROM {quote_ident(app.schema)}.jobs"
+    query = (f"SELECT id, payload::text FROM {quote_ident(app.schema)}.jobs"
            " WHERE kind = $1 AND state = $2 ORDER BY id")
     if conn is None:
         with app.connect() as own:
-            rows = store.fetch(own, sql, [kind, state])
+            rows = store.fetch(own, query, [kind, state])
     else:
-        rows = store.fetch(conn, sql, [kind, state])
+        rows = store.fetch(conn, query, [kind, state])
     import json
 
     for job_id, body in rows:

@@ -35,11 +35,10 @@ import asyncpg
 
 from .. import telemetry
 from ..app import App
-from ..errors import JoblaneError, SchemaVersionError
+from ..errors import JoblaneError
 from ..lifecycle import GracefulSignals, sleep_unless
 from ..maintenance.service import Service
-from ..migrations import latest_version
-from ..queries import quote_ident
+from ..migrations import check_async
 from .message import Delivery, Message, describe
 from .publish import channel
 from .routes import Route, route_for
@@ -215,14 +214,7 @@ class Relay:
             raise _Unreachable(f"cannot connect to the database: {describe(exc)}") from None
         try:
             async with pool.acquire() as conn:
-                table = f"{quote_ident(self.app.schema)}.migrations"
-                if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
-                    raise SchemaVersionError(f"schema {self.app.schema!r} has no joblane tables: run `joblane migrate`")
-                version = await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {table}")
-                if version != latest_version():
-                    hint = "run `joblane migrate`" if version < latest_version() else "upgrade joblane"
-                    raise SchemaVersionError(f"schema {self.app.schema!r} is at version {version}, "
-                                             f"this joblane needs {latest_version()}: {hint}")
+                await check_async(conn, self.app.schema)
         except BaseException:
             pool.terminate()
             raise

@@ -24,8 +24,7 @@ from ..app import App
 from ..errors import JoblaneError, SchemaVersionError
 from ..lifecycle import GracefulSignals, sleep_unless
 from ..maintenance import Pruner, Rescuer
-from ..migrations import latest_version
-from ..queries import quote_ident
+from ..migrations import check_async
 from ..ratelimit import Limiter
 from ..steps import Steps
 from ..store import outcome_rows
@@ -160,7 +159,7 @@ class Worker:
                 pool = await asyncpg.create_pool(self.app.dsn, min_size=3, max_size=6,
                                                  server_settings={"application_name": self.application_name})
                 async with pool.acquire() as conn:
-                    await self._check_schema(conn)
+                    await check_async(conn, self.app.schema)
                 return pool
             except (SchemaVersionError, JoblaneError):
                 raise
@@ -181,17 +180,6 @@ class Worker:
                 delay = min(5.0, 0.2 * 2 ** min(failures, 5), left)
                 log.warning("database not reachable (%s); retrying in %.1fs", _first_line(exc), delay)
                 await self._sleep(delay)
-
-    async def _check_schema(self, conn) -> None:
-        table = f"{quote_ident(self.app.schema)}.migrations"
-        if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
-            raise SchemaVersionError(f"schema {self.app.schema!r} has no joblane tables: run `joblane migrate`")
-        version = await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {table}")
-        if version != latest_version():
-            direction = "run `joblane migrate`" if version < latest_version() else "upgrade joblane"
-            raise SchemaVersionError(
-                f"schema {self.app.schema!r} is at version {version}, this joblane needs {latest_version()}: {direction}"
-            )
 
     async def _claim(self, n: int) -> list:
         started_ns = telemetry.now_ns()
