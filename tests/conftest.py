@@ -85,18 +85,23 @@ class RelayProcess(JoblaneProcess):
     command = "relay"
 
 
-@pytest.fixture
-def spawn_worker():
-    started: list[WorkerProcess] = []
+def spawner(kind: type[JoblaneProcess]):
+    """A fixture body: a function that starts ``kind`` processes, all stopped when the test ends."""
+    started: list[JoblaneProcess] = []
 
-    def spawn(app_spec: str, schema: str, *args: str, env: dict | None = None) -> WorkerProcess:
-        w = WorkerProcess(app_spec, schema, *args, env=env)
-        started.append(w)
-        return w
+    def spawn(app_spec: str, schema: str, *args: str, env: dict | None = None) -> JoblaneProcess:
+        process = kind(app_spec, schema, *args, env=env)
+        started.append(process)
+        return process
 
     yield spawn
-    for w in started:
-        w.stop()
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture
+def spawn_worker():
+    yield from spawner(WorkerProcess)
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):

@@ -19,7 +19,7 @@ import pytest
 
 from joblane.queries import quote_ident
 
-from ..conftest import RelayProcess
+from ..conftest import RelayProcess, spawner
 
 
 def service_reachable(port: int, name: str) -> None:
@@ -224,13 +224,4 @@ def kafka_broker():
 
 @pytest.fixture
 def spawn_relay():
-    started: list[RelayProcess] = []
-
-    def spawn(app_spec: str, schema: str, *args: str, env: dict | None = None) -> RelayProcess:
-        r = RelayProcess(app_spec, schema, *args, env=env)
-        started.append(r)
-        return r
-
-    yield spawn
-    for r in started:
-        r.stop()
+    yield from spawner(RelayProcess)
