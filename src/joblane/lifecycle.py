@@ -1,10 +1,11 @@
-"""What the long-running processes (worker, relay) share: stop-aware sleeps and signal handling."""
+"""What the long-running processes (worker, relay) share: stop-aware sleeps, retry delays, signal handling."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import random
 import signal
 from typing import Callable
 
@@ -50,3 +51,9 @@ class GracefulSignals:
     def remove(loop: asyncio.AbstractEventLoop) -> None:
         for sig in SIGNALS:
             loop.remove_signal_handler(sig)
+
+
+def retry_delay(failures: int, *, base: float, cap: float, jitter: float = 0.0) -> float:
+    """Seconds to wait after ``failures`` failures in a row: base doubling up to cap, +-jitter."""
+    delay = min(cap, base * 2 ** min(failures, 16))
+    return delay * random.uniform(1 - jitter, 1 + jitter) if jitter else delay

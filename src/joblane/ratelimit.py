@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import JoblaneError
+from .lifecycle import retry_delay
 
 log = logging.getLogger("joblane.worker")
 
@@ -226,7 +227,7 @@ class Limiter:
                 failures += 1
                 if stopping.is_set():
                     return
-                delay = min(5.0, 0.2 * 2 ** min(failures, 5))
+                delay = retry_delay(failures, base=0.2, cap=5.0)
                 log.warning("cannot load queue limits (%s); retrying in %.1fs", _first_line(exc), delay)
                 await asyncio.sleep(delay)
 

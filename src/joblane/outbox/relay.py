@@ -36,7 +36,7 @@ import asyncpg
 from .. import telemetry
 from ..app import App
 from ..errors import JoblaneError
-from ..lifecycle import GracefulSignals, sleep_unless
+from ..lifecycle import GracefulSignals, retry_delay, sleep_unless
 from ..maintenance.service import Service
 from ..migrations import check_async
 from .message import Delivery, Message, describe
@@ -424,7 +424,7 @@ class Relay:
                 raise
             except Exception as exc:
                 failures += 1
-                delay = min(10.0, 0.1 * 2 ** min(failures, 7)) * random.uniform(0.8, 1.2)
+                delay = retry_delay(failures, base=0.1, cap=10.0, jitter=0.2)
                 log.warning("relay: batch failed (%s); retrying in %.2fs", describe(exc), delay)
                 await self._sleep(delay)
                 continue
@@ -463,7 +463,7 @@ class Relay:
                     if loop.time() >= deadline:
                         raise JoblaneError(f"{exc} (gave up after {self.connect_timeout:g}s): "
                                            "is DATABASE_URL right and the server up?") from None
-                    delay = min(5.0, 0.2 * 2 ** min(failures, 5), max(0.0, deadline - loop.time()))
+                    delay = min(retry_delay(failures, base=0.2, cap=5.0), max(0.0, deadline - loop.time()))
                     log.warning("%s; retrying in %.1fs", exc, delay)
                     await self._sleep(delay)
             log.info("relay %s: %s", self.name,

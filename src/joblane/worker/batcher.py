@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from typing import Awaitable, Callable, Generic, TypeVar
+
+from ..lifecycle import retry_delay
 
 T = TypeVar("T")
 log = logging.getLogger("joblane.worker")
@@ -93,7 +94,7 @@ class Batcher(Generic[T]):
                 failures += 1
                 self.failures += 1
                 self._items[0:0] = batch
-                delay = min(5.0, 0.05 * 2 ** min(failures, 7)) * random.uniform(0.8, 1.2)
+                delay = retry_delay(failures, base=0.05, cap=5.0, jitter=0.2)
                 log.warning("%s: writing %d items failed (%s); retrying in %.2fs", self.name, len(batch),
                             str(exc).splitlines()[0] if str(exc) else type(exc).__name__, delay)
                 await asyncio.sleep(delay)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from typing import Callable
 
 import asyncpg
 
-from ..lifecycle import sleep_unless
+from ..lifecycle import retry_delay, sleep_unless
 
 
 log = logging.getLogger("joblane.worker")
@@ -63,7 +62,7 @@ class Notifier:
                         conn.terminate()
             if not stopping.is_set():
                 self.wake()
-                await sleep_unless(stopping, min(5.0, 0.1 * 2 ** min(failures, 6)) * random.uniform(0.8, 1.2))
+                await sleep_unless(stopping, retry_delay(failures, base=0.1, cap=5.0, jitter=0.2))
 
 
 async def _first(*events: asyncio.Event) -> None:

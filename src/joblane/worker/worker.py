@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import os
-import random
 import socket
 import uuid
 from collections import Counter
@@ -22,7 +21,7 @@ import asyncpg
 from .. import telemetry
 from ..app import App
 from ..errors import JoblaneError, SchemaVersionError
-from ..lifecycle import GracefulSignals, sleep_unless
+from ..lifecycle import GracefulSignals, retry_delay, sleep_unless
 from ..maintenance import Pruner, Rescuer
 from ..migrations import check_async
 from ..ratelimit import Limiter
@@ -177,7 +176,7 @@ class Worker:
                 if left <= 0:
                     raise JoblaneError(f"cannot reach the database after {self.connect_timeout:g}s"
                                        f" ({_first_line(exc)}): is DATABASE_URL right and the server up?") from None
-                delay = min(5.0, 0.2 * 2 ** min(failures, 5), left)
+                delay = min(retry_delay(failures, base=0.2, cap=5.0), left)
                 log.warning("database not reachable (%s); retrying in %.1fs", _first_line(exc), delay)
                 await self._sleep(delay)
 
@@ -222,7 +221,7 @@ class Worker:
                 raise
             except Exception as exc:
                 failures += 1
-                delay = min(5.0, 0.05 * 2 ** min(failures, 7)) * random.uniform(0.8, 1.2)
+                delay = retry_delay(failures, base=0.05, cap=5.0, jitter=0.2)
                 log.warning("claim failed (%s); retrying in %.2fs", _first_line(exc), delay)
                 await self._sleep(delay)
                 continue
