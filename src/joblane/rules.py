@@ -1,0 +1,281 @@
+"""The floor: checks, JSON encoding, backoff, times and texts that every part of joblane shares.
+
+A leaf: it imports nothing from joblane but ``errors``. Every other room may
+import it; it calls nothing back.
+
+One rule for times written as text (``--since``, ``--until``, the
+dashboard's filters, ``App.replay(since=...)``): a duration (``90s``,
+``30m``, ``24h``, ``7d``, ``2w``) means that long ago; an ISO 8601 time
+with an offset means that instant; **an ISO time without an offset is
+UTC**, wherever the command or the dashboard runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import random
+import re
+from typing import Any, Callable
+
+from .errors import JoblaneError
+
+MAX_DELAY = 10 * 365 * 24 * 3600.0  # the longest delay, pause or backoff joblane stores (ten years)
+ERROR_LIMIT = 4000  # characters of an error kept in last_error (jobs and outbox rows alike)
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+
+
+# -- names and texts -----------------------------------------------------------
+
+
+def check_queue(queue: Any) -> str:
+    """A queue name: 1-63 letters, digits, '_', '.', ':' or '-', starting with a letter or digit."""
+    if not isinstance(queue, str) or not _QUEUE_NAME.match(queue):
+        raise JoblaneError(
+            f"invalid queue name {queue!r}: use 1-63 letters, digits, '_', '.', ':' or '-', starting with a letter or digit"
+        )
+    return queue
+
+
+def check_text(what: str, value: Any, limit: int) -> str:
+    """A non-empty string PostgreSQL can store: at most ``limit`` characters, no NUL, valid UTF-8."""
+    if not isinstance(value, str) or not value:
+        raise JoblaneError(f"{what} must be a non-empty string, got {value!r}")
+    if len(value) > limit:
+        raise JoblaneError(f"{what} is {len(value)} characters long; the limit is {limit}")
+    if "\x00" in value:
+        raise JoblaneError(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise JoblaneError(f"{what} contains a lone surrogate (\\ud800-\\udfff), which is not valid UTF-8") from None
+    return value
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none."""
+    try:
+        text = str(exc).strip()
+    except Exception:  # a broken __str__
+        text = ""
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def describe(exc: BaseException) -> str:
+    """One line for last_error: the exception type and message, NUL-free, valid UTF-8 and bounded."""
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the outcome
+        message = "(message could not be read)"
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return bounded_text(text.replace("\n", " "))
+
+
+def bounded_text(text: str, limit: int = ERROR_LIMIT) -> str:
+    """``text`` as PostgreSQL's text column takes it: NUL shown as \\0, lone surrogates replaced, cut to ``limit``."""
+    text = text.encode("utf-8", "replace").decode("utf-8")  # surrogateescape'd bytes cannot be sent as UTF-8
+    return text.replace("\x00", "\\0")[:limit]
+
+
+def hold_reason(last_error: str | None) -> str | None:
+    """The reason given to ``Hold`` (last_error reads "Hold: <reason>")."""
+    if last_error and last_error.startswith("Hold: "):
+        return last_error[len("Hold: "):]
+    return last_error
+
+
+def actor() -> str:
+    """Who does an admin action when nobody says: ``user@host``."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in some containers
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+# -- JSON ----------------------------------------------------------------------
+
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+# A real \u0000 escape in JSON text: preceded by an even number of backslashes
+# (the text "\\u0000", an escaped backslash then "u0000", is fine).
+NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def encode_json(value: Any) -> str:
+    """Compact JSON text (no NaN); raises TypeError, ValueError or RecursionError like json.dumps."""
+    return _ENCODER.encode(value)
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """True when ASCII JSON text holds a lone surrogate escape (``\\ud800``), which jsonb refuses."""
+    if "\\ud" not in text:
+        return False
+    try:
+        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def check_json_text(what: str, text: str) -> str:
+    """Refuse JSON text PostgreSQL would reject mid-transaction: a NUL or a lone surrogate."""
+    if "\\u0000" in text and NUL_ESCAPE.search(text):
+        raise JoblaneError(f"{what} contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+    if has_lone_surrogate(text):
+        raise JoblaneError(f"{what} contains a lone surrogate (\\ud800-\\udfff), which PostgreSQL jsonb cannot store")
+    return text
+
+
+def to_json(what: str, value: Any, limit: int | None = None) -> str:
+    """Serialise ``value`` for a jsonb column, with one-line errors for what PostgreSQL would refuse."""
+    try:
+        text = _ENCODER.encode({} if value is None else value)
+    except RecursionError:
+        raise JoblaneError(f"{what} is nested too deeply to encode as JSON") from None
+    except (TypeError, ValueError) as exc:
+        raise JoblaneError(f"{what} is not JSON-serialisable: {exc}") from None
+    check_json_text(what, text)
+    if limit is not None and len(text) > limit:
+        raise JoblaneError(f"{what} is {len(text)} bytes as JSON; the limit is {limit} (App(max_payload_bytes=...))")
+    return text
+
+
+def lenient_json(value: Any) -> str | None:
+    """JSON for metadata and hold data that PostgreSQL always accepts.
+
+    One outcome that jsonb refuses would fail a whole completion batch on
+    every retry, so what it cannot store is replaced instead: NaN and
+    infinities by null, NUL by "\\0", lone surrogates by "?", values too
+    deep to encode by their repr.
+    """
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, default=str, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        try:
+            text = json.dumps(json.loads(json.dumps(value, default=str), parse_constant=lambda _: None),
+                              separators=(",", ":"))
+        except (TypeError, ValueError, RecursionError):  # circular, deep or odd keys: keep a readable trace
+            text = json.dumps(bounded_text(repr(value)))
+    text = NUL_ESCAPE.sub(r"\1\\\\0", text)
+    if has_lone_surrogate(text):
+        text = json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+# -- delays and backoff --------------------------------------------------------
+
+
+def exponential_backoff(base: float = 1.0, cap: float = 3600.0, jitter: float = 0.25) -> Callable[[int], float]:
+    """Delay before retry ``attempt + 1``: base * 2^(attempt-1), capped, with +-jitter."""
+
+    def delay(attempt: int) -> float:
+        raw = min(cap, base * (2 ** max(0, attempt - 1)))
+        return max(0.0, raw * random.uniform(1 - jitter, 1 + jitter))
+
+    return delay
+
+
+def bounded_delay(seconds: Any) -> float:
+    """A delay PostgreSQL can add to now(): NaN, negative or unreadable -> 0, infinite or huge -> MAX_DELAY."""
+    try:
+        seconds = float(seconds)
+    except (TypeError, ValueError):
+        return 0.0
+    if seconds != seconds or seconds < 0:
+        return 0.0
+    return min(seconds, MAX_DELAY)
+
+
+# -- durations and times -------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|d|w)?\s*$", re.I)
+_DURATION_SECONDS = {"s": 1, "sec": 1, "secs": 1, "m": 60, "min": 60, "mins": 60, "h": 3600, "d": 86400,
+                     "w": 7 * 86400}
+DURATION_HELP = "90s, 30m, 24h, 7d or 2w"
+
+
+def parse_duration(text: Any, what: str = "duration", *, bare_seconds: bool = True) -> float:
+    """``"90s"``, ``"30m"``, ``"24h"``, ``"7d"``, ``"2w"`` (or a bare number of seconds) -> seconds."""
+    seconds = duration_or_none(text, bare_seconds=bare_seconds)
+    if seconds is None:
+        raise JoblaneError(f"{what} must be a duration such as {DURATION_HELP}, got {text!r}")
+    return seconds
+
+
+def duration_or_none(text: Any, *, bare_seconds: bool = True) -> float | None:
+    """``parse_duration`` that answers None instead of raising."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text) if math.isfinite(text) and text >= 0 else None
+    if not isinstance(text, str):
+        return None
+    m = _DURATION.match(text)
+    if not m or (m.group(2) is None and not bare_seconds):
+        return None
+    return float(m.group(1)) * _DURATION_SECONDS[(m.group(2) or "s").lower()]
+
+
+def parse_when(value: Any, what: str = "since") -> dt.datetime | None:
+    """A point in time from a datetime, a timedelta or seconds ago, or text (see the module's rule).
+
+    Text: a duration ago (``24h``, ``30m``, ``7d``) or an ISO 8601 time;
+    an ISO time without an offset is UTC. Empty text is None.
+    """
+    if value is None or isinstance(value, dt.datetime):
+        if value is not None and value.tzinfo is None:
+            raise JoblaneError(f"{what} must be a timezone-aware datetime")
+        return value
+    now = dt.datetime.now(dt.timezone.utc)
+    if isinstance(value, dt.timedelta):
+        return now - value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return now - dt.timedelta(seconds=value)
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        seconds = duration_or_none(value, bare_seconds=False)
+        if seconds is not None:
+            return now - dt.timedelta(seconds=seconds)
+        try:
+            parsed = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            pass
+        else:
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    raise JoblaneError(f"{what} must be a duration ago ({DURATION_HELP}) or an ISO time "
+                       f"(UTC unless it has an offset), got {value!r}")
+
+
+def format_age(seconds: float | None) -> str:
+    """A duration for people: ``45s``, ``12m 5s``, ``3h 20m``, ``2d 4h``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f}s" if seconds >= 10 or seconds == int(seconds) else f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m {int(seconds % 60)}s"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)}h {int(seconds % 3600 // 60)}m"
+    return f"{int(seconds // 86400)}d {int(seconds % 86400 // 3600)}h"
+
+
+def format_span(seconds: float) -> str:
+    """A window as a rate's denominator: ``s``, ``10s``, ``min``, ``2h``."""
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            n = seconds / size
+            return unit if n == 1 else f"{n:g}{unit}"
+    return "s" if seconds == 1 else f"{seconds:g}s"
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
