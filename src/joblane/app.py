@@ -180,6 +180,7 @@ class App:
         self.periodic_tasks: dict[str, Any] = {}  # schedule name -> periodic.Schedule
         self.rate_limits: dict[str, Any] = {}  # queue -> ratelimit.Limit, written by every worker at start
         self.queries: Queries = for_schema(self.schema)
+        self.store: store.Store = store.for_schema_store(self.schema)
         self.channel = f"{self.schema}_jobs"
         self.routes: list[Any] = []  # outbox routes (joblane.outbox.routes.Route), longest prefix wins
 

@@ -1,21 +1,46 @@
-"""Run named queries on whatever connection the caller holds.
+"""The store: the one place that runs SQL (migrations aside).
 
-``enqueue``/``publish`` execute on the caller's own connection, inside the
-caller's transaction, and never commit it. Three drivers are accepted: a
-psycopg 3 ``Connection`` (sync), a psycopg ``AsyncConnection`` and an
-asyncpg ``Connection``. The SQL uses ``$n`` placeholders, which asyncpg takes
-natively and psycopg takes through its raw cursors, so each query is written
-once for all of them.
+``Store`` has one method per named query of the catalogue (``sql/*.sql``);
+a method only binds its arguments and returns a ``Statement``. Runners
+execute a statement on whichever connection holds the work:
+
+- the caller's connection, inside the caller's transaction, never committed:
+  ``fetch`` (psycopg 3 sync, a SQLAlchemy session or connection, Django's
+  connection) and ``fetch_async`` (psycopg ``AsyncConnection``, asyncpg,
+  SQLAlchemy's async session);
+- the worker's and relay's own asyncpg connections: ``records``, ``value``
+  and ``run``;
+- a server-side cursor for long reads: ``stream``.
+
+The SQL uses ``$n`` placeholders, which asyncpg takes natively and psycopg
+takes through its raw cursors, so each query is written once for all of
+them. On psycopg connections a statement is never prepared on the server
+(``prepare=False``): a caller's connection may sit behind PgBouncer in
+transaction pooling, where a named prepared statement does not survive the
+transaction.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import psycopg
 
 from .errors import JoblaneError
+from .queries import for_schema
+
+
+class Statement(NamedTuple):
+    """A named query with its arguments, ready for a runner."""
+
+    name: str
+    sql: str
+    args: tuple
+
+
+# -- connections -----------------------------------------------------------------
 
 
 def _unwrap(conn: Any) -> Any:
@@ -61,12 +86,85 @@ async def _unwrap_async(conn: Any) -> Any:
     return raw
 
 
+def is_asyncpg(conn: Any) -> bool:
+    return type(conn).__module__.startswith("asyncpg")
+
+
+# -- runners -----------------------------------------------------------------------
+
+
+def _legacy(stmt: Any, args: Sequence[Any] | None) -> Statement:
+    # transition: callers still passing (sql, args) until every one goes through Store
+    return stmt if isinstance(stmt, Statement) else Statement("", stmt, tuple(args or ()))
+
+
+def fetch(conn: Any, stmt: Statement, args: Sequence[Any] | None = None) -> list[tuple]:
+    """Run ``stmt`` on a sync psycopg connection (or a wrapper of one); every row as a tuple."""
+    stmt = _legacy(stmt, args)
+    raw = _unwrap(conn)
+    if not isinstance(raw, psycopg.Connection):
+        raise JoblaneError(
+            f"expected a psycopg 3 Connection, got {type(conn).__name__}: "
+            "use the *_async variant for asyncpg or psycopg AsyncConnection"
+        )
+    with psycopg.RawCursor(raw) as cur:
+        cur.execute(stmt.sql, stmt.args, prepare=False)
+        return cur.fetchall() if cur.description is not None else []
+
+
+async def fetch_async(conn: Any, stmt: Statement, args: Sequence[Any] | None = None) -> list[tuple]:
+    """Run ``stmt`` on a psycopg AsyncConnection or an asyncpg connection; every row as a tuple."""
+    stmt = _legacy(stmt, args)
+    raw = await _unwrap_async(conn)
+    if isinstance(raw, psycopg.AsyncConnection):
+        async with psycopg.AsyncRawCursor(raw) as cur:
+            await cur.execute(stmt.sql, stmt.args, prepare=False)
+            return await cur.fetchall() if cur.description is not None else []
+    if is_asyncpg(raw) or hasattr(raw, "fetch"):
+        return [tuple(r) for r in await raw.fetch(stmt.sql, *stmt.args)]
+    if isinstance(raw, psycopg.Connection):
+        raise JoblaneError("got a sync psycopg Connection in an *_async call: use the sync variant")
+    raise JoblaneError(f"unsupported connection type {type(conn).__name__}")
+
+
+async def records(conn: Any, stmt: Statement) -> list:
+    """Run ``stmt`` on the worker's or relay's own asyncpg connection (or pool); asyncpg Records."""
+    return await conn.fetch(stmt.sql, *stmt.args)
+
+
+async def value(conn: Any, stmt: Statement) -> Any:
+    """The first column of the first row of ``stmt`` on an asyncpg connection."""
+    return await conn.fetchval(stmt.sql, *stmt.args)
+
+
+async def run(conn: Any, stmt: Statement) -> None:
+    """Run ``stmt`` for its effect on an asyncpg connection (or pool)."""
+    await conn.execute(stmt.sql, *stmt.args)
+
+
+def stream(conn: Any, stmt: Statement, *, page: int = 2000) -> Iterator[tuple]:
+    """Rows of ``stmt`` through a server-side cursor on a psycopg connection, ``page`` at a time.
+
+    The cursor lives in a transaction (a savepoint when the caller has one open).
+    """
+    raw = _unwrap(conn)
+    if not isinstance(raw, psycopg.Connection):
+        raise JoblaneError(f"streaming needs a psycopg 3 Connection, got {type(conn).__name__}")
+    with raw.transaction():
+        with psycopg.RawServerCursor(raw, f"joblane_{stmt.name}") as cur:
+            cur.itersize = page
+            cur.execute(stmt.sql, stmt.args)
+            yield from cur
+
+
+# -- outcome documents ----------------------------------------------------------
+
 _OUTCOME = ('{"id":%d,"attempt":%d,"state":"%s","outcome":"%s","error":%s,"delay":%r,"refund":%d,'
             '"result":%s,"started_at":%s,"finished_at":%s,"meta":%s}')
 
 
 def outcome_rows(outcomes: Sequence[Any]) -> str:
-    """The JSON array ``complete_jobs`` takes as $1: one object per Outcome (types.Outcome)."""
+    """The JSON array ``complete_jobs`` takes: one object per Outcome (types.Outcome)."""
     encode = json.JSONEncoder(ensure_ascii=False).encode
     return "[" + ",".join(
         _OUTCOME % (o.job_id, o.attempt, o.state, o.outcome, "null" if o.error is None else encode(o.error),
@@ -78,32 +176,220 @@ def outcome_rows(outcomes: Sequence[Any]) -> str:
     ) + "]"
 
 
-def is_asyncpg(conn: Any) -> bool:
-    return type(conn).__module__.startswith("asyncpg")
+# -- the named queries -------------------------------------------------------------
 
 
-def fetch(conn: Any, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
-    """Run ``sql`` on a sync psycopg connection and return every row as a tuple."""
-    raw = _unwrap(conn)
-    if not isinstance(raw, psycopg.Connection):
-        raise JoblaneError(
-            f"expected a psycopg 3 Connection, got {type(conn).__name__}: "
-            "use the *_async variant for asyncpg or psycopg AsyncConnection"
-        )
-    with psycopg.RawCursor(raw) as cur:
-        cur.execute(sql, args)
-        return cur.fetchall() if cur.description is not None else []
+class Store:
+    """One method per named query of one schema; each returns a Statement for a runner."""
+
+    def __init__(self, schema: str):
+        self.schema = schema
+        self.sql = for_schema(schema)
+
+    def _s(self, name: str, *args: Any) -> Statement:
+        return Statement(name, getattr(self.sql, name), args)
+
+    # -- jobs.sql: the job lifecycle -----------------------------------------
+
+    def enqueue(self, queue, kind, payload_json, priority, max_attempts, run_after, delay, unique_key, state,
+                replay_of, notify, channel, headers_json) -> Statement:
+        return self._s("enqueue", queue, kind, payload_json, priority, max_attempts, run_after, delay, unique_key,
+                       state, replay_of, notify, channel, headers_json)
+
+    def unfinished_by_unique_key(self, unique_key) -> Statement:
+        return self._s("unfinished_by_unique_key", unique_key)
+
+    def enqueue_many(self, rows_json, notify, channel) -> Statement:
+        return self._s("enqueue_many", rows_json, notify, channel)
+
+    def claim_jobs(self, queues, limit, worker, lease_seconds) -> Statement:
+        return self._s("claim_jobs", queues, limit, worker, lease_seconds)
+
+    def complete_jobs(self, outcomes_json, worker) -> Statement:
+        return self._s("complete_jobs", outcomes_json, worker)
+
+    def extend_leases(self, job_ids, worker, lease_seconds) -> Statement:
+        return self._s("extend_leases", job_ids, worker, lease_seconds)
+
+    def rescue_expired(self, limit) -> Statement:
+        return self._s("rescue_expired", limit)
+
+    def prune_finished(self, retention_seconds, prune_failed, limit) -> Statement:
+        return self._s("prune_finished", retention_seconds, prune_failed, limit)
+
+    def job_steps(self, job_id) -> Statement:
+        return self._s("job_steps", job_id)
+
+    def save_step(self, job_id, name, attempt, result_json) -> Statement:
+        return self._s("save_step", job_id, name, attempt, result_json)
+
+    def try_service_lock(self, key) -> Statement:
+        return self._s("try_service_lock", key)
+
+    # -- admin.sql: reading and steering jobs ----------------------------------
+
+    def status_counts(self) -> Statement:
+        return self._s("status_counts")
+
+    def list_jobs(self, state, kind, queue, before_id, limit) -> Statement:
+        return self._s("list_jobs", state, kind, queue, before_id, limit)
+
+    def get_job(self, job_id) -> Statement:
+        return self._s("get_job", job_id)
+
+    def job_attempts(self, job_id) -> Statement:
+        return self._s("job_attempts", job_id)
+
+    def retry_jobs(self, ids, kind, queue, state) -> Statement:
+        return self._s("retry_jobs", ids, kind, queue, state)
+
+    def cancel_jobs(self, ids, reason, actor) -> Statement:
+        return self._s("cancel_jobs", ids, reason, actor)
+
+    def job_states(self, ids) -> Statement:
+        return self._s("job_states", ids)
+
+    # -- review.sql: held jobs, replays, attempts --------------------------------
+
+    def held_jobs(self, queue, kind, limit) -> Statement:
+        return self._s("held_jobs", queue, kind, limit)
+
+    def release_job(self, job_id, patch_json, actor, note, notify, channel) -> Statement:
+        return self._s("release_job", job_id, patch_json, actor, note, notify, channel)
+
+    def reject_job(self, job_id, reason, actor) -> Statement:
+        return self._s("reject_job", job_id, reason, actor)
+
+    def job_replays(self, job_id) -> Statement:
+        return self._s("job_replays", job_id)
+
+    def replay_jobs(self, ids, kind, queue, states, since, until, skip_replayed, limit, patch_json, dry_run,
+                    notify, channel) -> Statement:
+        return self._s("replay_jobs", ids, kind, queue, states, since, until, skip_replayed, limit, patch_json,
+                       dry_run, notify, channel)
+
+    def list_attempts(self, kind, queue, outcome, model, since, until, job_id, before_id, limit) -> Statement:
+        return self._s("list_attempts", kind, queue, outcome, model, since, until, job_id, before_id, limit)
+
+    def export_attempts(self, kind, queue, outcome, model, since, until) -> Statement:
+        return self._s("export_attempts", kind, queue, outcome, model, since, until)
+
+    # -- limits.sql: queue limits and pauses ------------------------------------
+
+    def upsert_queue_limit(self, queue, max_starts, starts_interval, concurrency, max_cost, cost_interval,
+                           estimate_path, default_estimate, key_path, per_key) -> Statement:
+        return self._s("upsert_queue_limit", queue, max_starts, starts_interval, concurrency, max_cost,
+                       cost_interval, estimate_path, default_estimate, key_path, per_key)
+
+    def delete_queue_limit(self, queue) -> Statement:
+        return self._s("delete_queue_limit", queue)
+
+    def pause_queue(self, queue, seconds, reason) -> Statement:
+        return self._s("pause_queue", queue, seconds, reason)
+
+    def resume_queue(self, queue) -> Statement:
+        return self._s("resume_queue", queue)
+
+    def queue_controls(self, queues) -> Statement:
+        return self._s("queue_controls", queues)
+
+    def lock_queue_limit(self, queue) -> Statement:
+        return self._s("lock_queue_limit", queue)
+
+    def claim_jobs_limited(self, queue, limit, worker, lease_seconds) -> Statement:
+        return self._s("claim_jobs_limited", queue, limit, worker, lease_seconds)
+
+    def queue_limits_status(self) -> Statement:
+        return self._s("queue_limits_status")
+
+    # -- periodic.sql: the scheduler --------------------------------------------
+
+    def latest_periodic_ticks(self, names) -> Statement:
+        return self._s("latest_periodic_ticks", names)
+
+    def enqueue_periodic(self, names, ticks, queues, kinds, payloads, priorities, max_attempts, unique_keys,
+                         notify, channel) -> Statement:
+        return self._s("enqueue_periodic", names, ticks, queues, kinds, payloads, priorities, max_attempts,
+                       unique_keys, notify, channel)
+
+    def prune_periodic_ticks(self, retention_seconds) -> Statement:
+        return self._s("prune_periodic_ticks", retention_seconds)
+
+    # -- outbox.sql: publish, relay, inbox ---------------------------------------
+
+    def publish(self, topic, key, idempotency_key, payload_json, headers_json, notify, channel) -> Statement:
+        return self._s("publish", topic, key, idempotency_key, payload_json, headers_json, notify, channel)
+
+    def inbox_record(self, key) -> Statement:
+        return self._s("inbox_record", key)
+
+    def claim_outbox(self, limit, prefixes, ordered, relay, lease_seconds) -> Statement:
+        return self._s("claim_outbox", limit, prefixes, ordered, relay, lease_seconds)
+
+    def finish_outbox(self, ids, outcomes, attempts, delays, errors, relay) -> Statement:
+        return self._s("finish_outbox", ids, outcomes, attempts, delays, errors, relay)
+
+    def extend_outbox_leases(self, ids, relay, lease_seconds) -> Statement:
+        return self._s("extend_outbox_leases", ids, relay, lease_seconds)
+
+    def list_outbox(self, state, topic_prefix, before_id, limit) -> Statement:
+        return self._s("list_outbox", state, topic_prefix, before_id, limit)
+
+    def get_outbox(self, message_id) -> Statement:
+        return self._s("get_outbox", message_id)
+
+    def outbox_counts(self) -> Statement:
+        return self._s("outbox_counts")
+
+    def retry_outbox(self, ids, topic_prefix, all_failed, extra_attempts) -> Statement:
+        return self._s("retry_outbox", ids, topic_prefix, all_failed, extra_attempts)
+
+    def prune_outbox(self, retention_seconds, limit) -> Statement:
+        return self._s("prune_outbox", retention_seconds, limit)
+
+    def complete_job_in_transaction(self, job_id, attempt, result_json, meta_json) -> Statement:
+        return self._s("complete_job_in_transaction", job_id, attempt, result_json, meta_json)
+
+    # -- dashboard.sql: the dashboard's reads -------------------------------------
+
+    def dashboard_queue_counts(self) -> Statement:
+        return self._s("dashboard_queue_counts")
+
+    def dashboard_table_estimate(self, schema) -> Statement:
+        return self._s("dashboard_table_estimate", schema)
+
+    def dashboard_finished_counts(self) -> Statement:
+        return self._s("dashboard_finished_counts")
+
+    def dashboard_throughput(self, minutes) -> Statement:
+        return self._s("dashboard_throughput", minutes)
+
+    def dashboard_workers(self, ids_per_worker) -> Statement:
+        return self._s("dashboard_workers", ids_per_worker)
+
+    def dashboard_list_jobs(self, state, kind, queue, created_from, created_before, before_id, limit) -> Statement:
+        return self._s("dashboard_list_jobs", state, kind, queue, created_from, created_before, before_id, limit)
+
+    def dashboard_job_steps(self, job_id) -> Statement:
+        return self._s("dashboard_job_steps", job_id)
+
+    def dashboard_held_jobs(self, after_held_since, after_id, queue, limit) -> Statement:
+        return self._s("dashboard_held_jobs", after_held_since, after_id, queue, limit)
+
+    def dashboard_attempt_outcomes(self, seconds) -> Statement:
+        return self._s("dashboard_attempt_outcomes", seconds)
+
+    def dashboard_outbox_topics(self, sent_within_seconds) -> Statement:
+        return self._s("dashboard_outbox_topics", sent_within_seconds)
+
+    def dashboard_outbox_failed(self, before_id, topic, limit) -> Statement:
+        return self._s("dashboard_outbox_failed", before_id, topic, limit)
+
+    def dashboard_paused_queues(self) -> Statement:
+        return self._s("dashboard_paused_queues")
 
 
-async def fetch_async(conn: Any, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
-    """Run ``sql`` on a psycopg AsyncConnection or an asyncpg connection."""
-    raw = await _unwrap_async(conn)
-    if isinstance(raw, psycopg.AsyncConnection):
-        async with psycopg.AsyncRawCursor(raw) as cur:
-            await cur.execute(sql, args)
-            return await cur.fetchall() if cur.description is not None else []
-    if is_asyncpg(raw) or hasattr(raw, "fetch"):
-        return [tuple(r) for r in await raw.fetch(sql, *args)]
-    if isinstance(raw, psycopg.Connection):
-        raise JoblaneError("got a sync psycopg Connection in an *_async call: use the sync variant")
-    raise JoblaneError(f"unsupported connection type {type(conn).__name__}")
+@functools.lru_cache(maxsize=None)
+def for_schema_store(schema: str) -> Store:
+    """The Store of ``schema`` (one per schema per process)."""
+    return Store(schema)
