@@ -126,3 +126,8 @@ async def check_async(conn, schema: str) -> int:
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
         return verify(schema, None)
     return verify(schema, await conn.fetchval(highest))
+
+
+def drop_schema(conn, schema: str) -> None:
+    """Drop ``schema`` and everything in it (joblane.testing's isolated schemas)."""
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -369,19 +369,22 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-# -- admin calls (App.limit writes through these) ----------------------------
+# -- admin calls (joblane.admin holds them) ----------------------------------
 
 
 def status(app: Any, conn: Any = None) -> list[dict[str, Any]]:
-    """Every limited or paused queue with its limits, pause and current usage."""
-    keys = ("queue", "max_starts", "starts_interval", "concurrency", "max_cost", "cost_interval", "estimate",
-            "default_estimate", "key", "per_key", "paused_until", "pause_reason", "running", "starts", "cost")
-    return [dict(zip(keys, r)) for r in app._admin(conn, "queue_limits_status", [])]
+    from .admin import limits
+
+    return limits(app, conn)
 
 
 def save(app: Any, limit: Limit, conn: Any = None) -> None:
-    app._admin(conn, "upsert_queue_limit", limit.args())
+    from .admin import save_limit
+
+    save_limit(app, limit, conn)
 
 
 def remove(app: Any, queue: str, conn: Any = None) -> bool:
-    return bool(app._admin(conn, "delete_queue_limit", [queue]))
+    from .admin import remove_limit
+
+    return remove_limit(app, queue, conn)

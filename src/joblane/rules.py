@@ -260,7 +260,7 @@ def format_age(seconds: float | None) -> str:
         return "-"
     seconds = max(0.0, float(seconds))
     if seconds < 60:
-        return f"{seconds:.0f}s" if seconds >= 10 or seconds == int(seconds) else f"{seconds:.1f}s"
+        return f"{seconds:.0f}s"
     if seconds < 3600:
         return f"{int(seconds // 60)}m {int(seconds % 60)}s"
     if seconds < 86400:

@@ -142,6 +142,12 @@ async def run(conn: Any, stmt: Statement) -> None:
     await conn.execute(stmt.sql, *stmt.args)
 
 
+def check_sync(conn: Any, what: str) -> None:
+    """Refuse, before any row is read, a connection that is not (or does not wrap) a sync psycopg one."""
+    if not isinstance(_unwrap(conn), psycopg.Connection):
+        raise JoblaneError(f"{what} needs a psycopg 3 Connection, got {type(conn).__name__}")
+
+
 def stream(conn: Any, stmt: Statement, *, page: int = 2000) -> Iterator[tuple]:
     """Rows of ``stmt`` through a server-side cursor on a psycopg connection, ``page`` at a time.
 
@@ -248,6 +254,12 @@ class Store:
 
     def job_states(self, ids) -> Statement:
         return self._s("job_states", ids)
+
+    def unfinished_count(self, queues) -> Statement:
+        return self._s("unfinished_count", queues)
+
+    def jobs_of_kind(self, kind, state) -> Statement:
+        return self._s("jobs_of_kind", kind, state)
 
     # -- review.sql: held jobs, replays, attempts --------------------------------
 

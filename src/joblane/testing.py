@@ -13,14 +13,16 @@ import atexit
 import contextlib
 import os
 import tempfile
+import json
 import uuid
 from typing import Any, Iterator
 
 import psycopg
-from psycopg import sql
 
+from . import store
 from .app import App
-from .queries import quote_ident
+from .migrations import drop_schema
+from .queries import for_schema
 
 _embedded: Any = None
 
@@ -64,7 +66,7 @@ def isolated_schema(dsn: str, schema: str | None = None, *, migrate: bool = True
         yield schema
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            drop_schema(conn, schema)
 
 
 @contextlib.contextmanager
@@ -79,14 +81,13 @@ def app_on_schema(app: App, schema: str) -> Iterator[App]:
             with app_on_schema(myproject.jobs.app, joblane_schema) as app:
                 yield app
     """
-    from .queries import for_schema
-
-    saved = (app.schema, app.queries, app.channel)
-    app.schema, app.queries, app.channel = schema, for_schema(schema), f"{schema}_jobs"
+    saved = (app.schema, app.queries, app.store, app.channel)
+    app.schema, app.queries, app.store, app.channel = (schema, for_schema(schema), store.for_schema_store(schema),
+                                                       f"{schema}_jobs")
     try:
         yield app
     finally:
-        app.schema, app.queries, app.channel = saved
+        app.schema, app.queries, app.store, app.channel = saved
 
 
 async def drain(app: App, *, queues: list[str] | None = None, timeout: float = 30.0, **worker_options: Any) -> dict:
@@ -105,12 +106,7 @@ async def drain(app: App, *, queues: list[str] | None = None, timeout: float = 3
     deadline = loop.time() + timeout
     async with await psycopg.AsyncConnection.connect(app.dsn, autocommit=True) as conn:
         while loop.time() < deadline:
-            cur = await conn.execute(
-                f"SELECT count(*) FROM {quote_ident(app.schema)}.jobs"
-                " WHERE (state = 'pending' AND run_after <= now() AND queue = ANY(%s)) OR state = 'running'",
-                (worker.queues,),
-            )
-            (left,) = await cur.fetchone()
+            [(left,)] = await store.fetch_async(conn, app.store.unfinished_count(worker.queues))
             if left == 0 and not worker.active_jobs and not worker.completer.pending:
                 break
             await asyncio.sleep(0.02)
@@ -129,17 +125,11 @@ def run_jobs(app: App, **kwargs: Any) -> dict:
 
 def assert_enqueued(app: App, conn: Any = None, *, kind: str, payload: Any = None, state: str = "pending") -> int:
     """Assert a job of ``kind`` (with exactly ``payload`` when given) is in ``state``; return its id."""
-    from . import store
-
-    query = (f"SELECT id, payload::text FROM {quote_ident(app.schema)}.jobs"
-           " WHERE kind = $1 AND state = $2 ORDER BY id")
     if conn is None:
         with app.connect() as own:
-            rows = store.fetch(own, query, [kind, state])
+            rows = store.fetch(own, app.store.jobs_of_kind(kind, state))
     else:
-        rows = store.fetch(conn, query, [kind, state])
-    import json
-
+        rows = store.fetch(conn, app.store.jobs_of_kind(kind, state))
     for job_id, body in rows:
         if payload is None or json.loads(body) == payload:
             return job_id

@@ -3,11 +3,14 @@ and completing a job in its task's own transaction."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .. import store, telemetry
-from ..app import App, _check_text, to_json
 from ..errors import JoblaneError
+from ..rules import check_text, to_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..app import App
 
 TOPIC_LIMIT = 255
 KEY_LIMIT = 1000
@@ -18,57 +21,56 @@ def channel(app: App) -> str:
     return f"{app.schema}_outbox"
 
 
-def _publish_args(app: App, topic: str, payload: Any, key: str | None, idempotency_key: str | None,
-                  headers: Mapping[str, str] | None) -> list[Any]:
-    _check_text("topic", topic, TOPIC_LIMIT)
+def _publish_statement(app: App, topic: str, payload: Any, key: str | None, idempotency_key: str | None,
+                       headers: Mapping[str, str] | None) -> store.Statement:
+    check_text("topic", topic, TOPIC_LIMIT)
     if key is not None:
-        _check_text("key", key, KEY_LIMIT)
+        check_text("key", key, KEY_LIMIT)
     if idempotency_key is not None:
-        _check_text("idempotency_key", idempotency_key, KEY_LIMIT)
+        check_text("idempotency_key", idempotency_key, KEY_LIMIT)
     if headers is None:
         headers_json = "{}"
     else:
         if not isinstance(headers, Mapping):
             raise JoblaneError(f"headers must be a mapping of strings to strings, got {type(headers).__name__}")
         for name, value in headers.items():
-            _check_text("header name", name, 200)
+            check_text("header name", name, 200)
             if not isinstance(value, str):
                 raise JoblaneError(f"header {name!r} must be a string, got {type(value).__name__}")
         headers_json = to_json("headers", dict(headers), 64_000)
     body = to_json("payload", payload, app.max_payload_bytes)
-    return [topic, key, idempotency_key, body, headers_json, app.notify, channel(app)]
+    return app.store.publish(topic, key, idempotency_key, body, headers_json, app.notify, channel(app))
 
 
 def publish(app: App, conn: Any, topic: str, payload: Any = None, *, key: str | None = None,
             idempotency_key: str | None = None, headers: Mapping[str, str] | None = None) -> int:
     with telemetry.publish_span(topic, headers) as headers:  # adds traceparent while a span is active
-        args = _publish_args(app, topic, payload, key, idempotency_key, headers)
-        return store.fetch(conn, app.queries.publish, args)[0][0]
+        return store.fetch(conn, _publish_statement(app, topic, payload, key, idempotency_key, headers))[0][0]
 
 
 async def publish_async(app: App, conn: Any, topic: str, payload: Any = None, *, key: str | None = None,
                         idempotency_key: str | None = None, headers: Mapping[str, str] | None = None) -> int:
     with telemetry.publish_span(topic, headers) as headers:  # adds traceparent while a span is active
-        args = _publish_args(app, topic, payload, key, idempotency_key, headers)
-        return (await store.fetch_async(conn, app.queries.publish, args))[0][0]
+        stmt = _publish_statement(app, topic, payload, key, idempotency_key, headers)
+        return (await store.fetch_async(conn, stmt))[0][0]
 
 
 def inbox(app: App, conn: Any, key: str) -> bool:
-    _check_text("inbox key", key, KEY_LIMIT)
-    return bool(store.fetch(conn, app.queries.inbox_record, [key]))
+    check_text("inbox key", key, KEY_LIMIT)
+    return bool(store.fetch(conn, app.store.inbox_record(key)))
 
 
 async def inbox_async(app: App, conn: Any, key: str) -> bool:
-    _check_text("inbox key", key, KEY_LIMIT)
-    return bool(await store.fetch_async(conn, app.queries.inbox_record, [key]))
+    check_text("inbox key", key, KEY_LIMIT)
+    return bool(await store.fetch_async(conn, app.store.inbox_record(key)))
 
 
-def _complete_args(job: Any, result: Any) -> list[Any]:
+def _complete_statement(app: App, job: Any, result: Any) -> store.Statement:
     if not hasattr(job, "id") or not hasattr(job, "attempt"):
         raise JoblaneError(f"complete_job takes the task's joblane.Job, got {type(job).__name__}")
     body = None if result is None else to_json("result", result)
     meta = to_json("attempt meta", job.meta) if getattr(job, "meta", None) else None
-    return [job.id, job.attempt, body, meta]
+    return app.store.complete_job_in_transaction(job.id, job.attempt, body, meta)
 
 
 def _not_running(job: Any) -> JoblaneError:
@@ -77,10 +79,10 @@ def _not_running(job: Any) -> JoblaneError:
 
 
 def complete_job(app: App, conn: Any, job: Any, result: Any = None) -> None:
-    if not store.fetch(conn, app.queries.complete_job_in_transaction, _complete_args(job, result)):
+    if not store.fetch(conn, _complete_statement(app, job, result)):
         raise _not_running(job)
 
 
 async def complete_job_async(app: App, conn: Any, job: Any, result: Any = None) -> None:
-    if not await store.fetch_async(conn, app.queries.complete_job_in_transaction, _complete_args(job, result)):
+    if not await store.fetch_async(conn, _complete_statement(app, job, result)):
         raise _not_running(job)

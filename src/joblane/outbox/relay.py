@@ -29,12 +29,11 @@ import socket
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import asyncpg
 
 from .. import telemetry
-from ..app import App
 from ..errors import JoblaneError
 from ..lifecycle import GracefulSignals, retry_delay, sleep_unless
 from ..maintenance.service import Service
@@ -42,6 +41,9 @@ from ..migrations import check_async
 from .message import Delivery, Message, describe
 from .publish import channel
 from .routes import Route, route_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..app import App
 
 log = logging.getLogger("joblane.outbox")
 

@@ -88,3 +88,12 @@ SELECT id, was FROM cancelled;
 -- name: job_states
 -- The state of each of the jobs $1 (to explain why an admin call skipped some).
 SELECT id, state FROM {schema}.jobs WHERE id = ANY($1::bigint[]);
+
+-- name: unfinished_count
+-- How many jobs of queues $1 are ready now or running (joblane.testing.drain waits for none).
+SELECT count(*) FROM {schema}.jobs
+ WHERE (state = 'pending' AND run_after <= now() AND queue = ANY($1::text[])) OR state = 'running';
+
+-- name: jobs_of_kind
+-- Ids and payloads of the jobs of kind $1 in state $2, oldest first (joblane.testing.assert_enqueued).
+SELECT id, payload::text FROM {schema}.jobs WHERE kind = $1 AND state = $2 ORDER BY id;

@@ -11,6 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import store
 from ..app import App
+from ..rules import hold_reason
 from ..types import JOB_STATES
 
 # Below this size the whole jobs table is counted exactly; above it, done and
@@ -18,13 +19,6 @@ from ..types import JOB_STATES
 EXACT_COUNT_BYTES = 16 * 1024 * 1024
 THROUGHPUT_MINUTES = 60
 PAGE_SIZE = 50
-
-
-def hold_reason(last_error: str | None) -> str | None:
-    """The reason a task gave to Hold (its last_error reads "Hold: <reason>")."""
-    if last_error and last_error.startswith("Hold: "):
-        return last_error[len("Hold: "):]
-    return last_error
 
 
 class Data:
@@ -64,9 +58,9 @@ class Data:
         with self.pool.connection() as conn:
             yield conn
 
-    def _rows(self, name: str, args: list[Any]) -> list[tuple]:
+    def _rows(self, stmt: store.Statement) -> list[tuple]:
         with self.connection() as conn:
-            return store.fetch(conn, getattr(self.app.queries, name), args)
+            return store.fetch(conn, stmt)
 
     # -- overview ---------------------------------------------------------
 
@@ -77,16 +71,16 @@ class Data:
         def row(queue: str) -> dict[str, Any]:
             return queues.setdefault(queue, {"queue": queue, **{s: 0 for s in JOB_STATES}, "oldest_ready": None})
 
-        for queue, state, jobs, oldest in self._rows("dashboard_queue_counts", []):
+        for queue, state, jobs, oldest in self._rows(self.app.store.dashboard_queue_counts()):
             r = row(queue)
             r[state] = jobs
             if oldest is not None:
                 r["oldest_ready"] = max(0.0, float(oldest))
-        bytes_, estimated_rows, states, freqs = self._rows("dashboard_table_estimate", [self.app.schema])[0]
+        bytes_, estimated_rows, states, freqs = self._rows(self.app.store.dashboard_table_estimate(self.app.schema))[0]
         exact = bytes_ < EXACT_COUNT_BYTES
         totals = {s: sum(r[s] for r in queues.values()) for s in JOB_STATES}
         if exact:
-            for queue, state, jobs in self._rows("dashboard_finished_counts", []):
+            for queue, state, jobs in self._rows(self.app.store.dashboard_finished_counts()):
                 row(queue)[state] = jobs
                 totals[state] += jobs
         else:
@@ -107,22 +101,22 @@ class Data:
     def throughput(self, minutes: int = THROUGHPUT_MINUTES) -> list[dict[str, int]]:
         """Finished and failed jobs per minute, oldest minute first."""
         return [{"ago": ago, "finished": finished, "failed": failed}
-                for ago, finished, failed in self._rows("dashboard_throughput", [minutes])]
+                for ago, finished, failed in self._rows(self.app.store.dashboard_throughput(minutes))]
 
     def workers(self, job_sample: int = 8) -> list[dict[str, Any]]:
         """Workers that hold running jobs, with their leases (a worker with no running job leaves no trace)."""
         return [
             {"worker": w, "jobs": n, "queues": queues, "first_lease_left": first, "last_lease_left": last,
              "running": list(zip(ids, kinds)), "expired": first is not None and first < 0}
-            for w, n, queues, first, last, ids, kinds in self._rows("dashboard_workers", [job_sample])
+            for w, n, queues, first, last, ids, kinds in self._rows(self.app.store.dashboard_workers(job_sample))
         ]
 
     def paused_queues(self) -> list[dict[str, Any]]:
         return [{"queue": q, "seconds_left": left, "reason": reason}
-                for q, left, reason in self._rows("dashboard_paused_queues", [])]
+                for q, left, reason in self._rows(self.app.store.dashboard_paused_queues())]
 
     def attempt_outcomes(self, seconds: float) -> dict[str, int]:
-        return dict(self._rows("dashboard_attempt_outcomes", [float(seconds)]))
+        return dict(self._rows(self.app.store.dashboard_attempt_outcomes(float(seconds))))
 
     # -- jobs ---------------------------------------------------------------
 
@@ -130,7 +124,7 @@ class Data:
                   limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
         keys = ("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "run_after", "last_error",
                 "created_at", "finished_at", "worker", "replay_of", "payload_preview")
-        rows = self._rows("dashboard_list_jobs", [state, kind, queue, since, until, before_id, limit])
+        rows = self._rows(self.app.store.dashboard_list_jobs(state, kind, queue, since, until, before_id, limit))
         return [dict(zip(keys, r)) for r in rows]
 
     def job(self, job_id: int) -> dict[str, Any] | None:
@@ -142,7 +136,7 @@ class Data:
             job["steps"] = [
                 {"name": name, "attempt": attempt, "finished_at": finished,
                  "result": json.loads(result) if result is not None else None}
-                for name, attempt, finished, result in store.fetch(conn, self.app.queries.dashboard_job_steps, [job_id])
+                for name, attempt, finished, result in store.fetch(conn, self.app.store.dashboard_job_steps(job_id))
             ]
         return job
 
@@ -151,8 +145,8 @@ class Data:
         """Held jobs, longest held first; ``after`` is the (held_since, id) of the last row of the page before."""
         after_time, after_id = after if after else (None, None)
         out = []
-        for i, q, kind, payload, reason, attempts, created, held_since, meta, result in self._rows(
-                "dashboard_held_jobs", [after_time, after_id, queue, limit]):
+        rows = self._rows(self.app.store.dashboard_held_jobs(after_time, after_id, queue, limit))
+        for i, q, kind, payload, reason, attempts, created, held_since, meta, result in rows:
             out.append({"id": i, "queue": q, "kind": kind, "payload": json.loads(payload),
                         "reason": hold_reason(reason), "attempts": attempts, "created_at": created,
                         "held_since": held_since, "meta": json.loads(meta) if meta else None,
@@ -163,7 +157,7 @@ class Data:
 
     def outbox_topics(self, sent_window: float = 3600.0) -> list[dict[str, Any]]:
         topics: dict[str, dict[str, Any]] = {}
-        for topic, state, n, lag in self._rows("dashboard_outbox_topics", [sent_window]):
+        for topic, state, n, lag in self._rows(self.app.store.dashboard_outbox_topics(sent_window)):
             t = topics.setdefault(topic, {"topic": topic, "pending": 0, "failed": 0, "sent": 0, "lag": None})
             t[state] = n
             if lag is not None:
@@ -173,4 +167,5 @@ class Data:
     def outbox_failed(self, *, before_id: int | None = None, topic: str | None = None,
                       limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
         keys = ("id", "topic", "key", "idempotency_key", "attempts", "last_error", "created_at", "payload_preview")
-        return [dict(zip(keys, r)) for r in self._rows("dashboard_outbox_failed", [before_id, topic, limit])]
+        rows = self._rows(self.app.store.dashboard_outbox_failed(before_id, topic, limit))
+        return [dict(zip(keys, r)) for r in rows]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import re
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote, unquote, urlencode
@@ -25,10 +24,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..app import App
 from ..errors import JoblaneError
+from ..rules import first_line, format_age, hold_reason, parse_when
 from ..types import JOB_STATES
 from . import actions
 from .charts import throughput_chart
-from .data import PAGE_SIZE, Data, hold_reason
+from .data import PAGE_SIZE, Data
 from .metrics import registry_for, render
 from .security import AUTH_COOKIE, CSRF_COOKIE, CSRF_FIELD, Guard, safe_next
 
@@ -36,8 +36,6 @@ HERE = Path(__file__).resolve().parent
 FLASH_COOKIE = "joblane_flash"
 REFRESH_SECONDS = 5
 MAX_IDS_PER_ACTION = 1000
-_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 CSP = ("default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' data:; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -45,17 +43,7 @@ CSP = ("default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' 
 
 # -- formatting helpers for the templates -----------------------------------
 
-def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0.0, float(seconds))
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)}m {int(seconds % 60)}s"
-    if seconds < 86400:
-        return f"{int(seconds // 3600)}h {int(seconds % 3600 // 60)}m"
-    return f"{int(seconds // 86400)}d {int(seconds % 86400 // 3600)}h"
+age = format_age
 
 
 def since(value: dt.datetime | None) -> str:
@@ -90,17 +78,12 @@ def count(value: int | None) -> str:
 
 
 def parse_time(text: str | None, what: str) -> dt.datetime | None:
-    """``30m``, ``24h``, ``7d`` (that long ago) or an ISO time (UTC when no zone is given)."""
-    if text is None or not text.strip():
-        return None
-    m = _RELATIVE.match(text)
-    if m:
-        return dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+    """A filter's time: ``30m``, ``24h``, ``7d`` (that long ago) or an ISO time (rules.parse_when: UTC without an offset)."""
     try:
-        value = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise JoblaneError(f"{what}: use a duration like 30m, 24h, 7d or a time like 2025-01-31T09:00") from None
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return parse_when(text, what)
+    except JoblaneError:
+        raise JoblaneError(f"{what}: use a duration like 30m, 24h, 7d or a time like 2025-01-31T09:00"
+                           " (UTC unless it has an offset)") from None
 
 
 def parse_ids(values: list[str]) -> list[int]:
@@ -211,7 +194,7 @@ class Dashboard:
         env.filters.update(age=age, since=since, when=when, pretty_json=pretty_json, count=count, duration=duration,
                            hold_reason=hold_reason, compact_json=compact_json)
         self.templates = Jinja2Templates(env=env)
-        self.capabilities = actions.capabilities(app)
+        self.capabilities = dict.fromkeys(actions.ACTIONS, True)
 
     # -- plumbing ---------------------------------------------------------
 
@@ -523,9 +506,8 @@ class Dashboard:
                            message=str(exc.detail))
 
     async def database_error(self, request: Request, exc: Exception) -> Response:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return self.render(request, "error.html", status=503, status_code=503,
-                           message=f"database error: {first}")
+                           message=f"database error: {first_line(exc)}")
 
     # -- assembly -----------------------------------------------------------
 

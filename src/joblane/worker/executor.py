@@ -11,7 +11,8 @@ import traceback
 from concurrent.futures import Executor
 from typing import Any
 
-from ..app import _MAX_DELAY, _NUL_ESCAPE, JoblaneError, Task, check_json_text, has_lone_surrogate
+from ..app import JoblaneError, Task
+from ..rules import MAX_DELAY as _MAX_DELAY, NUL_ESCAPE as _NUL_ESCAPE, check_json_text, has_lone_surrogate
 from ..errors import Hold, PermanentError, RetryAfter
 from ..types import (
     DONE,

@@ -1,0 +1,309 @@
+"""Every admin operation in one place: jobs, review, replays, attempts, queue limits and pauses, the outbox.
+
+``App``'s admin methods are one-line doors to these functions, and the CLI
+and the dashboard call ``App``. Each takes the app (its store, schema and
+notification settings) and a connection: the caller's psycopg connection,
+whose transaction it joins, or None to use a short autocommit connection of
+its own. Every write is one guarded statement: it applies only to rows in
+the state it expects and returns the rows it changed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Sequence
+
+from . import store
+from .errors import JoblaneError
+from .rules import MAX_DELAY, actor as default_actor, check_queue, check_text, hold_reason, parse_when, to_json
+from .types import JOB_STATES
+
+OUTCOMES = ("done", "retry", "snoozed", "failed", "held", "lost", "released", "rejected", "cancelled")
+OUTBOX_STATES = ("pending", "sent", "failed")
+
+
+def _rows(app: Any, conn: Any, stmt: store.Statement) -> list[tuple]:
+    if conn is not None:
+        return store.fetch(conn, stmt)
+    with app.connect() as own:
+        return store.fetch(own, stmt)
+
+
+# -- jobs ------------------------------------------------------------------------
+
+_LIST_KEYS = ("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "run_after",
+              "last_error", "created_at", "finished_at", "worker", "unique_key", "replay_of")
+_JOB_KEYS = ("id", "queue", "kind", "payload", "state", "priority", "attempts", "max_attempts", "run_after",
+             "last_error", "lease_until", "worker", "unique_key", "replay_of", "result", "created_at",
+             "finished_at")
+
+
+def status(app: Any, conn: Any = None) -> list[dict[str, Any]]:
+    return [
+        {"queue": q, "state": s, "jobs": n, "oldest_ready_seconds": float(age) if age is not None else None}
+        for q, s, n, age in _rows(app, conn, app.store.status_counts())
+    ]
+
+
+def list_jobs(app: Any, conn: Any = None, *, state: str | None = None, kind: str | None = None,
+              queue: str | None = None, before_id: int | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    rows = _rows(app, conn, app.store.list_jobs(state, kind, queue, before_id, limit))
+    return [dict(zip(_LIST_KEYS, r)) for r in rows]
+
+
+def get_job(app: Any, job_id: int, conn: Any = None) -> dict[str, Any] | None:
+    if conn is None:
+        with app.connect() as own:
+            return get_job(app, job_id, own)
+    rows = store.fetch(conn, app.store.get_job(job_id))
+    if not rows:
+        return None
+    job = dict(zip(_JOB_KEYS, rows[0]))
+    job["payload"] = json.loads(job["payload"])
+    job["result"] = json.loads(job["result"]) if job["result"] is not None else None
+    job["attempt_rows"] = [
+        {"attempt": a, "worker": w, "started_at": s, "finished_at": f, "outcome": o, "error": e,
+         "meta": json.loads(m) if m else None}
+        for a, w, s, f, o, e, m in store.fetch(conn, app.store.job_attempts(job_id))
+    ]
+    job["replays"] = [{"id": i, "state": s} for i, s in store.fetch(conn, app.store.job_replays(job_id))]
+    return job
+
+
+def retry(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None, kind: str | None = None,
+          queue: str | None = None) -> list[int]:
+    if ids is None and kind is None and queue is None:
+        raise JoblaneError("retry needs job ids or a filter (kind, queue)")
+    rows = _rows(app, conn, app.store.retry_jobs(list(ids) if ids is not None else None, kind, queue, "failed"))
+    return sorted(r[0] for r in rows)
+
+
+def retry_all_failed(app: Any, conn: Any = None) -> list[int]:
+    """Every failed job back to pending."""
+    return sorted(r[0] for r in _rows(app, conn, app.store.retry_jobs(None, None, None, "failed")))
+
+
+def cancel(app: Any, conn: Any = None, *, ids: Sequence[int], reason: str | None = None,
+           actor: str | None = None) -> list[int]:
+    rows = _rows(app, conn, app.store.cancel_jobs(list(ids), reason, actor or default_actor()))
+    return sorted(r[0] for r in rows)
+
+
+def job_states(app: Any, ids: Sequence[int], conn: Any = None) -> dict[int, str]:
+    return {i: s for i, s in _rows(app, conn, app.store.job_states(list(ids)))}
+
+
+# -- the review queue --------------------------------------------------------------
+
+
+def held_jobs(app: Any, conn: Any = None, *, queue: str | None = None, kind: str | None = None,
+              limit: int = 50) -> list[dict[str, Any]]:
+    rows = _rows(app, conn, app.store.held_jobs(queue, kind, limit))
+    return [
+        {"id": i, "queue": q, "kind": k, "attempts": n, "held_since": since, "reason": hold_reason(err),
+         "data": json.loads(data) if data is not None else None, "payload": json.loads(payload)}
+        for i, q, k, n, since, err, data, payload in rows
+    ]
+
+
+def _patch_json(app: Any, patch: Any, what: str = "payload_patch") -> str:
+    if patch is not None and not isinstance(patch, dict):
+        raise JoblaneError(f"{what} must be a dict of fields to set, got {type(patch).__name__}")
+    return to_json(what, patch or {}, app.max_payload_bytes)
+
+
+def _not_applied(app: Any, conn: Any, job_id: int, action: str) -> JoblaneError:
+    states = job_states(app, [job_id], conn)
+    if job_id not in states:
+        return JoblaneError(f"no job {job_id} in schema {app.schema}")
+    if states[job_id] == "held":  # held, yet the guarded statement refused it: a patch on a non-object payload
+        return JoblaneError(f"job {job_id}'s payload is not a JSON object, so it cannot be patched: "
+                            f"release it without a patch (--set)")
+    return JoblaneError(f"job {job_id} is {states[job_id]}, not held: only held jobs can be {action}")
+
+
+def release(app: Any, conn: Any, job_id: int, payload_patch: dict | None = None, *, actor: str | None = None,
+            note: str | None = None) -> int:
+    patch = _patch_json(app, payload_patch)
+    rows = _rows(app, conn, app.store.release_job(job_id, patch, actor or default_actor(), note, app.notify,
+                                                  app.channel))
+    if rows:
+        return rows[0][0]
+    raise _not_applied(app, conn, job_id, "released")
+
+
+def reject(app: Any, conn: Any, job_id: int, reason: str, *, actor: str | None = None) -> int:
+    check_text("reject reason", reason, 4000)
+    rows = _rows(app, conn, app.store.reject_job(job_id, reason, actor or default_actor()))
+    if rows:
+        return rows[0][0]
+    raise _not_applied(app, conn, job_id, "rejected")
+
+
+def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["prompt_version=v2", "retries=3"]`` -> a payload patch; values are JSON when they parse, else text."""
+    patch: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise JoblaneError(f"--set takes key=value, got {pair!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        patch[key.strip()] = value
+    return patch
+
+
+# -- replays -----------------------------------------------------------------------
+
+
+def replay(app: Any, conn: Any, *, ids: Sequence[int] | None = None, kind: str | None = None,
+           queue: str | None = None, state: str | Sequence[str] | None = None, since: Any = None,
+           until: Any = None, payload_patch: dict | None = None, skip_replayed: bool = False,
+           limit: int | None = None, dry_run: bool = False) -> list[dict[str, Any]]:
+    if ids is None and kind is None and queue is None and state is None and since is None:
+        raise JoblaneError("replay needs a filter: job ids, kind, queue, state or since")
+    states = [state] if isinstance(state, str) else (list(state) if state is not None else None)
+    for s in states or ():
+        if s not in JOB_STATES:
+            raise JoblaneError(f"unknown state {s!r}: use one of {', '.join(JOB_STATES)}")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise JoblaneError(f"limit must be a positive integer, got {limit!r}")
+    patch = _patch_json(app, payload_patch)
+    stmt = app.store.replay_jobs(list(ids) if ids is not None else None, kind, queue, states,
+                                 parse_when(since, "since"), parse_when(until, "until"), skip_replayed, limit, patch,
+                                 dry_run, app.notify, app.channel)
+    rows = _rows(app, conn, stmt)
+    if not dry_run and patch != "{}":
+        not_object = [r for r in rows if r[6] != "object"]
+        if not_object:
+            r = not_object[0]
+            raise JoblaneError(
+                f"job {r[0]}'s payload is a JSON {r[6]}, not an object, so it cannot be patched;"
+                f" nothing was inserted: leave it out (--limit, ids) or replay without --set")
+    return [
+        {"replay_of": old, "id": new, "kind": k, "queue": q, "state": s, "payload": json.loads(payload)}
+        for old, new, k, q, s, payload, _, _ in rows
+    ]
+
+
+# -- the attempt audit trail ---------------------------------------------------------
+
+_ATTEMPT_KEYS = ("id", "job_id", "kind", "queue", "attempt", "outcome", "worker", "started_at", "finished_at",
+                 "error", "meta", "job_state")
+EXPORT_KEYS = ("id", "job_id", "kind", "queue", "attempt", "outcome", "worker", "started_at", "finished_at",
+               "latency_ms", "error", "meta", "job_state", "replay_of")
+
+
+def _filters(kind, queue, outcome, model, since, until) -> tuple:
+    if outcome is not None and outcome not in OUTCOMES:
+        raise JoblaneError(f"unknown outcome {outcome!r}: use one of {', '.join(OUTCOMES)}")
+    return kind, queue, outcome, model, parse_when(since, "since"), parse_when(until, "until")
+
+
+def list_attempts(app: Any, conn: Any = None, *, kind: str | None = None, queue: str | None = None,
+                  outcome: str | None = None, model: str | None = None, since: Any = None, until: Any = None,
+                  job_id: int | None = None, before_id: int | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    stmt = app.store.list_attempts(*_filters(kind, queue, outcome, model, since, until), job_id, before_id, limit)
+    out = []
+    for row in _rows(app, conn, stmt):
+        item = dict(zip(_ATTEMPT_KEYS, row))
+        item["meta"] = json.loads(item["meta"]) if item["meta"] else None
+        out.append(item)
+    return out
+
+
+def export_attempts(app: Any, conn: Any = None, *, kind: str | None = None, queue: str | None = None,
+                    outcome: str | None = None, model: str | None = None, since: Any = None, until: Any = None,
+                    page_size: int = 2000) -> Iterator[dict[str, Any]]:
+    """Every matching attempt, oldest first, read in pages through a server-side cursor (filters checked now)."""
+    stmt = app.store.export_attempts(*_filters(kind, queue, outcome, model, since, until))
+    if conn is not None:
+        store.check_sync(conn, "export_attempts")
+    return _stream(app, conn, stmt, page_size)
+
+
+def _stream(app: Any, conn: Any, stmt: store.Statement, page_size: int) -> Iterator[dict[str, Any]]:
+    own = app.connect() if conn is None else None
+    try:
+        for row in store.stream(own or conn, stmt, page=page_size):
+            item = dict(zip(EXPORT_KEYS, row))
+            item["meta"] = json.loads(item["meta"]) if item["meta"] else {}
+            yield item
+    finally:
+        if own is not None:
+            own.close()
+
+
+# -- queue limits and pauses -----------------------------------------------------------
+
+_LIMIT_KEYS = ("queue", "max_starts", "starts_interval", "concurrency", "max_cost", "cost_interval", "estimate",
+               "default_estimate", "key", "per_key", "paused_until", "pause_reason", "running", "starts", "cost")
+
+
+def limits(app: Any, conn: Any = None) -> list[dict[str, Any]]:
+    """Every limited or paused queue with its limits, pause and current usage."""
+    return [dict(zip(_LIMIT_KEYS, r)) for r in _rows(app, conn, app.store.queue_limits_status())]
+
+
+def save_limit(app: Any, limit: Any, conn: Any = None) -> None:
+    """Write ``limit`` (a ratelimit.Limit) for its queue, replacing what was there."""
+    _rows(app, conn, app.store.upsert_queue_limit(*limit.args()))
+
+
+def remove_limit(app: Any, queue: str, conn: Any = None) -> bool:
+    return bool(_rows(app, conn, app.store.delete_queue_limit(queue)))
+
+
+def pause_queue(app: Any, conn: Any, queue: str, seconds: float, reason: str | None = None) -> Any:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_DELAY:
+        raise JoblaneError(f"pause seconds must be a positive number, got {seconds!r}")
+    return _rows(app, conn, app.store.pause_queue(check_queue(queue), float(seconds), reason))[0][0]
+
+
+def resume_queue(app: Any, conn: Any, queue: str) -> bool:
+    return bool(_rows(app, conn, app.store.resume_queue(queue)))
+
+
+# -- the outbox -----------------------------------------------------------------------
+
+_OUTBOX_KEYS = ("id", "topic", "key", "idempotency_key", "state", "attempts", "max_attempts", "run_after",
+                "last_error", "created_at", "sent_at", "relay", "lease_until")
+
+
+def outbox_messages(app: Any, conn: Any = None, *, state: str | None = None, topic: str | None = None,
+                    before_id: int | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Outbox rows newest first, by state and topic prefix; page with ``before_id``."""
+    if state is not None and state not in OUTBOX_STATES:
+        raise JoblaneError(f"unknown outbox state {state!r}: use one of {', '.join(OUTBOX_STATES)}")
+    rows = _rows(app, conn, app.store.list_outbox(state, topic, before_id, limit))
+    return [dict(zip(_OUTBOX_KEYS, r)) for r in rows]
+
+
+def outbox_message(app: Any, message_id: int, conn: Any = None) -> dict[str, Any] | None:
+    rows = _rows(app, conn, app.store.get_outbox(message_id))
+    if not rows:
+        return None
+    row = dict(zip((*_OUTBOX_KEYS, "payload", "headers"), rows[0]))
+    row["payload"] = json.loads(row["payload"])
+    row["headers"] = json.loads(row["headers"])
+    return row
+
+
+def outbox_counts(app: Any, conn: Any = None) -> list[dict[str, Any]]:
+    """Rows per topic and state, with the age of the oldest pending row."""
+    return [{"topic": t, "state": s, "messages": n, "oldest_pending_seconds": age}
+            for t, s, n, age in _rows(app, conn, app.store.outbox_counts())]
+
+
+def retry_outbox(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None, topic: str | None = None,
+                 all_failed: bool = False, attempts: int = 10) -> list[int]:
+    """Failed rows back to pending, each with ``attempts`` more tries; by id, by topic prefix, or all."""
+    if ids is None and topic is None and not all_failed:
+        raise JoblaneError("outbox retry needs message ids, a topic prefix or all_failed=True")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100_000:
+        raise JoblaneError("attempts must be an integer from 1 to 100000")
+    rows = _rows(app, conn, app.store.retry_outbox(list(ids) if ids is not None else None, topic, ids is None,
+                                                   attempts))
+    return sorted(r[0] for r in rows)
