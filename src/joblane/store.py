@@ -232,6 +232,25 @@ class Store:
     def try_service_lock(self, key) -> Statement:
         return self._s("try_service_lock", key)
 
+    def note_late_outcomes(self, outcomes_json, worker) -> Statement:
+        return self._s("note_late_outcomes", outcomes_json, worker)
+
+    def register_process(self, name, role, host, pid, version, queues, kinds, concurrency,
+                         lease_seconds) -> Statement:
+        return self._s("register_process", name, role, host, pid, version, queues, kinds, concurrency, lease_seconds)
+
+    def heartbeat_process(self, name, running, lease_seconds) -> Statement:
+        return self._s("heartbeat_process", name, running, lease_seconds)
+
+    def deregister_process(self, name) -> Statement:
+        return self._s("deregister_process", name)
+
+    def kind_known_live(self, kind, other_than) -> Statement:
+        return self._s("kind_known_live", kind, other_than)
+
+    def prune_processes(self, grace_seconds) -> Statement:
+        return self._s("prune_processes", grace_seconds)
+
     # -- admin.sql: reading and steering jobs ----------------------------------
 
     def status_counts(self) -> Statement:
@@ -254,6 +273,9 @@ class Store:
 
     def job_states(self, ids) -> Statement:
         return self._s("job_states", ids)
+
+    def list_processes(self) -> Statement:
+        return self._s("list_processes")
 
     def unfinished_count(self, queues) -> Statement:
         return self._s("unfinished_count", queues)

@@ -20,7 +20,8 @@ async def _record(job: joblane.Job) -> None:
     async with _lock:
         if _pool is None:
             # the bookkeeping insert need not wait for its own fsync: the server is not crashed here
-            _pool = await asyncpg.create_pool(app.dsn, min_size=1, max_size=4,
+            # TEST_DIRECT_DSN: the database itself when the worker goes through PgBouncer
+            _pool = await asyncpg.create_pool(os.environ.get("TEST_DIRECT_DSN") or app.dsn, min_size=1, max_size=4,
                                               server_settings={"synchronous_commit": "off"})
     await _pool.execute(
         f"INSERT INTO {quote_ident(app.schema)}.runs (job_id, attempt, pid) VALUES ($1, $2, $3)",

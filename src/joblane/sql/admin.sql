@@ -97,3 +97,10 @@ SELECT count(*) FROM {schema}.jobs
 -- name: jobs_of_kind
 -- Ids and payloads of the jobs of kind $1 in state $2, oldest first (joblane.testing.assert_enqueued).
 SELECT id, payload::text FROM {schema}.jobs WHERE kind = $1 AND state = $2 ORDER BY id;
+
+-- name: list_processes
+-- Live workers and relays (registration not expired), oldest first.
+SELECT name, role, host, pid, version, queues, kinds, concurrency, running, started_at, last_seen, lease_until
+  FROM {schema}.processes
+ WHERE lease_until > now()
+ ORDER BY started_at, name;

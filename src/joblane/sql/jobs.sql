@@ -188,3 +188,56 @@ ON CONFLICT (job_id, name) DO NOTHING;
 -- name: try_service_lock
 -- Take the transaction-scoped advisory lock that lets one worker at a time run a service.
 SELECT pg_try_advisory_xact_lock($1::bigint);
+
+-- name: note_late_outcomes
+-- Keep the trace of outcomes that arrived after their job was rescued or cancelled: meta.late on that try's attempts row.
+--
+-- complete_jobs applies an outcome only while the job still runs that
+-- attempt for that worker. One that arrives later (the worker lost its lease
+-- while the task ran on) changes nothing in jobs; its result is kept here, on
+-- the 'lost' or 'cancelled' row the rescue or the cancel wrote for that try.
+WITH late AS (
+    SELECT o.id, o.attempt, o.outcome, o.error, o.finished_at
+      FROM jsonb_to_recordset($1::text::jsonb)
+           AS o(id bigint, attempt int, outcome text, error text, finished_at float8)
+)
+UPDATE {schema}.attempts a
+   SET meta = coalesce(a.meta, '{}'::jsonb) || jsonb_build_object('late', jsonb_build_object(
+           'outcome', l.outcome, 'error', l.error, 'worker', $2::text,
+           'finished_at', to_timestamp(l.finished_at)))
+  FROM late l
+ WHERE a.job_id = l.id AND a.attempt = l.attempt
+RETURNING a.job_id;
+
+-- name: register_process
+-- Register worker or relay $1 (role $2) with its host, pid, version, queues, kinds and concurrency; leased for $9 seconds.
+INSERT INTO {schema}.processes (name, role, host, pid, version, queues, kinds, concurrency, lease_until)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9::float8))
+ON CONFLICT (name) DO UPDATE
+   SET role = excluded.role, host = excluded.host, pid = excluded.pid, version = excluded.version,
+       queues = excluded.queues, kinds = excluded.kinds, concurrency = excluded.concurrency,
+       last_seen = now(), lease_until = excluded.lease_until;
+
+-- name: heartbeat_process
+-- Process $1 is alive with $2 jobs running: extend its registration by $3 seconds; returns nothing when it was dropped.
+UPDATE {schema}.processes
+   SET running = $2, last_seen = now(), lease_until = now() + make_interval(secs => $3::float8)
+ WHERE name = $1
+RETURNING name;
+
+-- name: deregister_process
+-- Process $1 stops: remove its registration.
+DELETE FROM {schema}.processes WHERE name = $1;
+
+-- name: kind_known_live
+-- Whether a live worker other than $2 knows task kind $1 (its registration not expired).
+SELECT EXISTS (
+    SELECT 1 FROM {schema}.processes
+     WHERE kinds @> ARRAY[$1::text] AND role = 'worker' AND name <> $2 AND lease_until > now()
+);
+
+-- name: prune_processes
+-- Delete registrations whose lease ran out more than $1 seconds ago (their process died).
+DELETE FROM {schema}.processes
+ WHERE lease_until < now() - make_interval(secs => $1::float8)
+RETURNING name;

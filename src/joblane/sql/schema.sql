@@ -99,6 +99,24 @@ CREATE TABLE {schema}.periodic_ticks (
     CONSTRAINT periodic_ticks_pkey PRIMARY KEY (name, tick)
 );
 
+CREATE TABLE {schema}.processes (
+    concurrency integer,
+    host text NOT NULL,
+    kinds text[] DEFAULT '{}'::text[] NOT NULL,
+    last_seen timestamp with time zone DEFAULT now() NOT NULL,
+    lease_until timestamp with time zone NOT NULL,
+    name text NOT NULL,
+    pid integer NOT NULL,
+    queues text[] DEFAULT '{}'::text[] NOT NULL,
+    role text NOT NULL,
+    running integer DEFAULT 0 NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    version text NOT NULL,
+    CONSTRAINT processes_pkey PRIMARY KEY (name),
+    CONSTRAINT processes_role_check CHECK ((role = ANY (ARRAY['worker'::text, 'relay'::text])))
+);
+CREATE INDEX processes_kinds ON {schema}.processes USING gin (kinds);
+
 CREATE TABLE {schema}.queue_limits (
     concurrency integer,
     cost_interval double precision DEFAULT 60 NOT NULL,

@@ -1,0 +1,25 @@
+-- joblane schema, version 3: the registry of running workers and relays.
+--
+-- Every worker and relay registers at start and heartbeats its row while it
+-- runs (its own thread, so a task that blocks the event loop does not stop
+-- it). A row whose lease has run out belongs to a process that died; the
+-- rescuer deletes it. The registry tells which task kinds some live worker
+-- knows: a worker that claims a job of a kind it does not know gives it back
+-- while another live worker knows it (a rolling deploy), and fails it only
+-- when none has for a while.
+CREATE TABLE {schema}.processes (
+    name         text        PRIMARY KEY,
+    role         text        NOT NULL CHECK (role IN ('worker', 'relay')),
+    host         text        NOT NULL,
+    pid          integer     NOT NULL,
+    version      text        NOT NULL,
+    queues       text[]      NOT NULL DEFAULT '{}',
+    kinds        text[]      NOT NULL DEFAULT '{}',
+    concurrency  integer,
+    running      integer     NOT NULL DEFAULT 0,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    last_seen    timestamptz NOT NULL DEFAULT now(),
+    lease_until  timestamptz NOT NULL
+);
+-- "Does any live worker know kind k?" reads the few live rows' arrays.
+CREATE INDEX processes_kinds ON {schema}.processes USING gin (kinds);
