@@ -149,6 +149,7 @@ async def test_retry_and_cancel_admin_calls(app, conn):
         raise RuntimeError("nope")
 
     failed = [app.enqueue(conn, "boom", {"i": i}) for i in range(3)]
+    app.declare("other")  # a kind this process enqueues but does not run
     pending = app.enqueue(conn, "other", {}, queue="elsewhere")
     await drain(app)
     assert app.retry(ids=[failed[0], pending]) == [failed[0]]

@@ -13,7 +13,7 @@ import psycopg
 from . import admin, enqueue, migrations, store, telemetry
 from .errors import JoblaneError
 from .queries import Queries, for_schema, validate_schema
-from .rules import check_queue, check_text, exponential_backoff, first_line
+from .rules import check_queue, check_text, exponential_backoff, first_line, normalize_dsn
 from .types import JobSpec
 from .outbox import publish as outbox_writes
 
@@ -24,7 +24,7 @@ _check_queue = check_queue  # transition: removed once worker/ and periodic impo
 @dataclass
 class Task:
     kind: str
-    fn: Callable[..., Any]
+    fn: Callable[..., Any] | None  # None for a kind declared with App.declare
     queue: str
     max_attempts: int | None
     backoff: Callable[[int], float]
@@ -70,6 +70,8 @@ class App:
         self.notify = notify
         self.debounce = enqueue.Debounce(notify_debounce)  # which enqueues notify (enqueue.Debounce)
         self.tasks: dict[str, Task] = {}
+        # kinds this process enqueues but does not run (app.declare): their defaults, no function
+        self.declared: dict[str, Task] = {}
         self.periodic_tasks: dict[str, Any] = {}  # schedule name -> periodic.Schedule
         self.rate_limits: dict[str, Any] = {}  # queue -> ratelimit.Limit, written by every worker at start
         self.queries: Queries = for_schema(self.schema)
@@ -93,7 +95,7 @@ class App:
         dsn = self._dsn or os.environ.get("DATABASE_URL")
         if not dsn:
             raise JoblaneError("no database: set DATABASE_URL or pass App(dsn=...)")
-        return dsn
+        return normalize_dsn(dsn)
 
     def task(
         self,
@@ -135,9 +137,29 @@ class App:
                 priority=priority,
                 is_async=inspect.iscoroutinefunction(fn),
             )
+            _attach_enqueue(self, fn, name)
             return fn
 
         return register
+
+    def declare(self, kind: str, *, queue: str | None = None, priority: int = 0,
+                max_attempts: int | None = None) -> None:
+        """Name a task kind this process enqueues but does not import (a web process, say), with its defaults.
+
+        Once an App knows a kind (a task or a declaration), ``enqueue`` refuses
+        kinds it does not know, so a misspelt kind fails at once instead of
+        waiting forever. Workers still need the task itself.
+        """
+        name = check_text("task kind", kind, 200)
+        if max_attempts is not None and max_attempts < 1:
+            raise JoblaneError("max_attempts must be at least 1")
+        self.declared[name] = Task(kind=name, fn=None, queue=check_queue(queue or self.default_queue),
+                                   max_attempts=max_attempts, backoff=exponential_backoff(), timeout=None,
+                                   priority=priority, is_async=False)
+
+    def known_kind(self, kind: str) -> Task | None:
+        """The task or declaration of ``kind``; None when this App knows no such kind."""
+        return self.tasks.get(kind) or self.declared.get(kind)
 
     def queues(self) -> list[str]:
         """The queues the registered tasks live in."""
@@ -426,3 +448,22 @@ class App:
                      all_failed: bool = False, attempts: int = 10) -> list[int]:
         """Failed outbox rows back to pending with ``attempts`` more tries: by id, by topic prefix, or all."""
         return admin.retry_outbox(self, conn, ids=ids, topic=topic, all_failed=all_failed, attempts=attempts)
+
+
+def _attach_enqueue(app: App, fn: Callable[..., Any], kind: str) -> None:
+    """Typed enqueue on the decorated function: ``enrich_lead.enqueue(conn, payload, **options)``."""
+
+    def enqueue_job(conn: Any, payload: Any = None, **options: Any) -> int:
+        return app.enqueue(conn, kind, payload, **options)
+
+    async def enqueue_job_async(conn: Any, payload: Any = None, **options: Any) -> int:
+        return await app.enqueue_async(conn, kind, payload, **options)
+
+    enqueue_job.__doc__ = f"Enqueue a {kind!r} job on ``conn`` in the caller's transaction (App.enqueue)."
+    enqueue_job_async.__doc__ = f"Enqueue a {kind!r} job on an async connection (App.enqueue_async)."
+    try:
+        fn.enqueue = enqueue_job
+        fn.enqueue_async = enqueue_job_async
+        fn.kind = kind
+    except (AttributeError, TypeError):  # a callable that takes no attributes: enqueue by name only
+        pass

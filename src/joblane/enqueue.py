@@ -44,6 +44,13 @@ class Debounce:
         return True
 
 
+def unknown_kind(app: Any, kind: str) -> str:
+    known = sorted({*app.tasks, *app.declared})
+    shown = ", ".join(repr(k) for k in known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+    return (f"unknown task kind {kind!r}: this App knows {shown}; check the spelling, or declare a kind this "
+            f"process enqueues without importing its task: app.declare({kind!r}, queue=...)")
+
+
 def prepare(
     app: Any,
     kind: str,
@@ -59,7 +66,9 @@ def prepare(
 ) -> tuple[list[Any], bool]:
     """Validate one job's options against its task's defaults: (the enqueue statement's first nine arguments, notify?)."""
     check_text("task kind", kind, 200)
-    task = app.tasks.get(kind)
+    task = app.known_kind(kind)
+    if task is None and (app.tasks or app.declared):
+        raise JoblaneError(unknown_kind(app, kind))
     if queue is None:
         queue = task.queue if task else app.default_queue
     queue = check_queue(queue)

@@ -36,7 +36,8 @@ TABLES: dict[str, tuple[str, str]] = {
     "migrations":     ("",                                                       "SELECT"),
     "jobs":           ("INSERT, SELECT (id, queue, state, run_after, unique_key)",
                        "SELECT, INSERT, UPDATE, DELETE"),
-    "attempts":       ("",                                                       "SELECT, INSERT, DELETE"),
+    # UPDATE: a late outcome is noted on the try's row (note_late_outcomes)
+    "attempts":       ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
     "job_steps":      ("",                                                       "SELECT, INSERT, DELETE"),
     "outbox":         ("INSERT, SELECT (id)",                                    "SELECT, UPDATE, DELETE"),
     "inbox":          ("INSERT, SELECT (key)",                                   ""),
@@ -45,6 +46,8 @@ TABLES: dict[str, tuple[str, str]] = {
     "queue_limits":   ("",                                                       "SELECT, INSERT, UPDATE"),
     "queue_pauses":   ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
     "queue_starts":   ("",                                                       "SELECT, INSERT, DELETE"),
+    # workers and relays register and heartbeat themselves; the rescuer drops dead ones
+    "processes":      ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
 }
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).

@@ -99,6 +99,14 @@ def actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+_DRIVER_SUFFIX = re.compile(r"^(postgres(?:ql)?)\+[A-Za-z0-9_]+://")
+
+
+def normalize_dsn(dsn: str) -> str:
+    """A libpq URL from SQLAlchemy's form too: ``postgresql+psycopg://`` (or ``+asyncpg``...) -> ``postgresql://``."""
+    return _DRIVER_SUFFIX.sub(r"\1://", dsn.strip(), count=1)
+
+
 # -- JSON ----------------------------------------------------------------------
 
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))

@@ -23,6 +23,7 @@ async def _two_models(app, conn) -> list[int]:
         return {"label": "hot"}
 
     ids = [app.enqueue(conn, "classify", {"n": n}) for n in range(5)]
+    app.declare("other")  # enqueued here, run elsewhere
     app.enqueue(conn, "other", {"n": 99}, held=True)
     await drain(app)
     return ids

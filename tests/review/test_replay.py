@@ -27,6 +27,7 @@ async def _failed_classifications(app, conn) -> tuple[list[int], list[int]]:
 
 async def test_replay_failed_jobs_with_a_patch_leaves_the_originals_untouched(app, conn):
     ids, failed = await _failed_classifications(app, conn)
+    app.declare("summarise")  # a kind this process enqueues but does not run
     other = app.enqueue(conn, "summarise", {"n": 1})
     conn.execute(f'UPDATE "{app.schema}".jobs SET state = \'failed\', finished_at = now() WHERE id = %s', (other,))
     before = rows(conn, app, "SELECT * FROM {jobs} ORDER BY id")
