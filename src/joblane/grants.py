@@ -1,4 +1,4 @@
-"""`joblane grants`: the least privileges each kind of joblane process needs, as SQL to review and run.
+"""The least privileges each kind of joblane process needs, as SQL to review and run.
 
 Three roles:
 
@@ -19,11 +19,11 @@ upgrade that adds tables.
 
 from __future__ import annotations
 
-import click
 import psycopg
 
 from .errors import JoblaneError
 from .queries import quote_ident
+from .rules import first_line
 
 ROLES = ("app", "worker", "admin")
 
@@ -105,34 +105,5 @@ def database_of(dsn: str | None) -> str | None:
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise JoblaneError(f"cannot read the database name from DATABASE_URL: {str(exc).splitlines()[0]}") from None
+        raise JoblaneError(f"cannot read the database name from DATABASE_URL: {first_line(exc)}") from None
     return params.get("dbname") or params.get("user")
-
-
-# -- `joblane grants` ------------------------------------------------------
-
-
-@click.command()
-@click.option("--role", "role", required=True, type=click.Choice(ROLES), help="Which kind of process the user runs.")
-@click.option("--user", "user", help="The database user to grant to (default: joblane_<role>).")
-@click.option("--database", "database", help="Database name for the admin grants (default: from DATABASE_URL).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def grants(ctx: click.Context, role: str, user: str | None, database: str | None, as_json: bool) -> None:
-    """Print the GRANT statements of a least-privilege role (pipe them to psql).
-
-    Run them after `joblane migrate`, and again after an upgrade that adds tables.
-    """
-    from .cli import _app, _run, emit_json
-
-    app = _app(ctx)
-    user = f"joblane_{role}" if user is None else user
-    if role == "admin" and not database:
-        database = _run(lambda: database_of(ctx.obj["dsn"]))
-    sql = _run(lambda: statements(role, user, app.schema, database))
-    if as_json:
-        emit_json({"role": role, "user": user, "schema": app.schema,
-                   "statements": [line for line in sql if not line.startswith("--")]})
-        return
-    # plain SQL, not a table: the output is meant for `| psql`
-    click.echo("\n".join(sql))

@@ -14,7 +14,7 @@ from importlib import resources
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.M)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
-QUERY_FILES = ("jobs.sql", "admin.sql", "outbox.sql", "dashboard.sql", "periodic.sql", "review.sql", "limits.sql", "demo.sql")
+QUERY_FILES = ("jobs.sql", "admin.sql", "outbox.sql", "dashboard.sql", "periodic.sql", "review.sql", "limits.sql")
 
 
 def validate_schema(name: str) -> str:
@@ -73,12 +73,16 @@ def catalogue() -> dict[str, Query]:
 
 
 class Queries:
-    """The SQL text of every named query for one schema, as attributes."""
+    """The SQL text of every named query for one schema, as attributes.
 
-    def __init__(self, schema: str):
+    ``queries`` is joblane's catalogue unless given (e.g. ``parse(text)`` of a file of one's own).
+    """
+
+    def __init__(self, schema: str, queries: dict[str, Query] | None = None):
         self.schema = validate_schema(schema)
         quoted = quote_ident(schema)
-        self._sql = {name: q.sql.replace("{schema}", quoted) for name, q in catalogue().items()}
+        chosen = catalogue() if queries is None else queries
+        self._sql = {name: q.sql.replace("{schema}", quoted) for name, q in chosen.items()}
 
     def __getattr__(self, name: str) -> str:
         try:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import warnings
 
+import psycopg
 import pytest
 
 pytest.importorskip("starlette")
 warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
 from starlette.testclient import TestClient  # noqa: E402
 
-from examples.lead_intake import db, local_crm, local_model  # noqa: E402
-from examples.lead_intake.form import create_form  # noqa: E402
+from joblane.queries import catalogue  # noqa: E402
+from joblane.showcase.demo import queries_for  # noqa: E402
+from joblane.showcase.lead_intake import db, local_crm, local_model  # noqa: E402
+from joblane.showcase.lead_intake.form import create_form  # noqa: E402
 
 from ..conftest import count, table  # noqa: E402
 
@@ -61,3 +64,12 @@ def test_local_crm_has_no_idempotency_and_searches_by_email():
             assert client.post("/contacts", json=contact, headers={"Idempotency-Key": "lead-1"}).status_code == 201
         found = client.get("/contacts", params={"email": "a@b.test"}).json()["contacts"]
     assert [c["external_id"] for c in found] == ["lead-1", "lead-1"]  # the duplicate the relay must avoid
+
+
+def test_the_demo_queries_prepare_and_stay_out_of_the_catalogue(app, conn):
+    """showcase/demo.sql is loaded by the demo itself, not by joblane: a typo in it fails here."""
+    queries = queries_for(app.schema)
+    assert queries.names() and not set(queries.names()) & set(catalogue())
+    for name in queries.names():
+        result = conn.pgconn.prepare(f"q_{name}".encode(), getattr(queries, name).encode())
+        assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, (name, result.error_message)

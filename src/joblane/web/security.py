@@ -15,9 +15,11 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from starlette.requests import Request
+if TYPE_CHECKING:  # only annotations: `joblane dashboard` reads TOKEN_ENV and bind_problem without the web extra
+    from starlette.requests import Request
 
 TOKEN_ENV = "JOBLANE_DASHBOARD_TOKEN"
 CSRF_COOKIE = "joblane_csrf"

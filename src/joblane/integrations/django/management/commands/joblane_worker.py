@@ -27,12 +27,12 @@ class Command(BaseCommand):
         parser.add_argument("--log-format", choices=["text", "json"], default="text")
 
     def handle(self, *args, **options):
-        from .....cli import _setup_logging
+        from .....cli.common import setup_logging
         from .....worker import Worker
 
         app = get_app()
         prepare_tasks(app)
-        _setup_logging(options["log_format"], options["verbosity"] > 1)
+        setup_logging(options["log_format"], options["verbosity"] > 1)
         try:
             worker = Worker(app, queues=options["queues"], concurrency=options["concurrency"],
                             poll_interval=options["poll_interval"], lease_seconds=options["lease_seconds"],

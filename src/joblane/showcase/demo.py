@@ -1,4 +1,4 @@
-"""`joblane demo`: the lead-intake example (examples/lead_intake) end to end, with crashes on purpose.
+"""`joblane demo`: the lead-intake example (joblane.showcase.lead_intake) end to end, with crashes on purpose.
 
 What one run does:
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -36,18 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .cli import Fail, console, emit_json
+from .. import store
+from ..queries import Queries, parse
+from . import DEFAULT_SCHEMA, free_port
 
-APP_SPEC = "examples.lead_intake.app:app"
-DEFAULT_SCHEMA = "lead_intake"
+APP_SPEC = "joblane.showcase.lead_intake.app:app"
+EXAMPLE = Path(__file__).with_name("lead_intake")
 SCHEMA_NOTE = "joblane demo: dropped and made again by every `joblane demo` run"
 JOB_KINDS = ("enrich", "classify", "deliver")
 SHOWN_STATES = ("pending", "running", "done", "held", "failed", "cancelled")
@@ -56,8 +58,11 @@ RELAY_LEASE = 3.0
 LOCAL_MODEL = "lead-classifier-small"
 
 
+console = Console()
+
+
 class DemoError(Exception):
-    """The demo cannot go on; the message says why and where to look."""
+    """The demo cannot go on; the message (one line) says why and where to look."""
 
 
 @dataclass
@@ -146,33 +151,19 @@ def _listen(port: int = 0) -> socket.socket:
         sock.bind(("127.0.0.1", port))
     except OSError as exc:
         sock.close()
-        raise Fail(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc} (pick another --port)") from None
+        raise DemoError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc} (pick another --port)") from None
     sock.listen(128)
     sock.setblocking(False)
     return sock
 
 
-def _free_port(preferred: int) -> int:
-    """``preferred`` when nothing listens there, else any free port."""
-    for port in (preferred, 0):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return probe.getsockname()[1]
-    raise Fail("no free port on 127.0.0.1 for the dashboard")
-
-
 # -- preparing the database and the example ----------------------------------------
 
 
-def _example_root() -> Path:
-    """The checkout that holds examples/lead_intake (the demo runs it as a user's project runs)."""
-    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (root / "examples" / "lead_intake" / "app.py").is_file():
-            return root
-    raise Fail("the demo runs examples/lead_intake from a joblane checkout: run `make demo` in the repository")
+@functools.lru_cache(maxsize=None)
+def queries_for(schema: str) -> Queries:
+    """The demo's own named queries (demo.sql, not joblane's catalogue) for ``schema``."""
+    return Queries(schema, parse(Path(__file__).with_name("demo.sql").read_text(encoding="utf-8")))
 
 
 def _reset_schema(dsn: str, schema: str) -> None:
@@ -180,35 +171,32 @@ def _reset_schema(dsn: str, schema: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from . import store
-    from .app import App
-    from .queries import for_schema
+    from ..app import App
+    from ..rules import first_line
+    from .lead_intake import db
 
     try:
         conn = psycopg.connect(dsn, autocommit=True)
     except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise Fail(f"cannot connect to the database: {first}") from None
+        raise DemoError(f"cannot connect to the database: {first_line(exc)}") from None
     with conn:
-        found = store.fetch(conn, for_schema(schema).demo_schema_note, [schema])
+        found = store.fetch(conn, queries_for(schema).demo_schema_note, [schema])
         if found:
             if found[0][0] != SCHEMA_NOTE:
-                raise Fail(f"schema {schema!r} exists and the demo did not make it: "
-                           "pick another with --schema NAME (the demo drops its schema on every run)")
+                raise DemoError(f"schema {schema!r} exists and the demo did not make it: "
+                                "pick another with --schema NAME (the demo drops its schema on every run)")
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         conn.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(sql.Identifier(schema), sql.Literal(SCHEMA_NOTE)))
         App(dsn, schema=schema).migrate(conn)
-        from examples.lead_intake import db
-
         db.create_table(conn, schema)
 
 
-def _load_leads(root: Path, count: int | None) -> list[dict[str, str]]:
-    with open(root / "examples" / "lead_intake" / "data" / "leads.json", encoding="utf-8") as f:
+def _load_leads(count: int | None) -> list[dict[str, str]]:
+    with open(EXAMPLE / "data" / "leads.json", encoding="utf-8") as f:
         leads = json.load(f)
     if count is not None and count > len(leads):
-        raise Fail(f"--leads is at most {len(leads)}, the size of the bundled sample")
+        raise DemoError(f"--leads is at most {len(leads)}, the size of the bundled sample")
     return leads[:count] if count else leads
 
 
@@ -230,12 +218,12 @@ class Snapshot:
 
 
 class Demo:
-    def __init__(self, options: Options, *, dsn: str, schema: str, database: str, root: Path, run_dir: Path,
+    def __init__(self, options: Options, *, dsn: str, schema: str, database: str, cwd: Path, run_dir: Path,
                  leads: list[dict[str, str]], env: dict[str, str], sockets: dict[str, socket.socket],
                  urls: dict[str, str], local_model: Any, crm: Any, app: Any, form: Any):
         self.o = options
         self.dsn, self.schema, self.database = dsn, schema, database
-        self.root, self.run_dir, self.leads, self.env = root, run_dir, leads, env
+        self.cwd, self.run_dir, self.leads, self.env = cwd, run_dir, leads, env
         self.sockets, self.urls = sockets, urls
         self.local_model, self.crm, self.app, self.form = local_model, crm, app, form
         self.started = time.monotonic()
@@ -266,12 +254,10 @@ class Demo:
             console.print(f"[dim]{self.elapsed():6.1f}s[/dim] {text}", highlight=False)
 
     async def query(self, name: str, *args: Any) -> list[tuple]:
-        from . import store
-
-        return await store.fetch_async(self._conn, getattr(self.app.queries, name), list(args))
+        return await store.fetch_async(self._conn, getattr(queries_for(self.schema), name), list(args))
 
     def spawn(self, name: str, *args: str) -> Child:
-        child = Child(name, list(args), self.env, self.root, self.run_dir)
+        child = Child(name, list(args), self.env, self.cwd, self.run_dir)
         self.children.append(child)
         return child
 
@@ -420,7 +406,7 @@ class Demo:
                                                          "demo reviewer: not enough to go on"]))
         for what, job_id, args in commands:
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "joblane", *args, env=self.env,
-                                                        cwd=self.root, stdout=asyncio.subprocess.PIPE,
+                                                        cwd=self.cwd, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT)
             out, _ = await proc.communicate()
             shown = shlex.join(["joblane", *args])
@@ -570,7 +556,7 @@ class Demo:
     # -- the summary --------------------------------------------------------------------
 
     async def summary(self, *, timed_out: bool) -> dict[str, Any]:
-        from examples.lead_intake import db
+        from .lead_intake import db
 
         await self.refresh()
         outcomes = await db.rows(self._conn, "outcomes", self.schema)
@@ -726,55 +712,26 @@ def print_summary(s: dict[str, Any], wall: float) -> None:
     console.print(f"[dim]worker and relay logs: {s['logs']}[/dim]")
 
 
-# -- the command ------------------------------------------------------------------------------
+# -- the run ---------------------------------------------------------------------------------------
 
 
-@click.command("demo")
-@click.option("--leads", "lead_count", type=click.IntRange(1, 100_000), help="Submit only the first N sample leads.")
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 16), help="Worker processes.")
-@click.option("-c", "--concurrency", default=12, show_default=True, type=click.IntRange(1, 200),
-              help="Jobs each worker runs at once.")
-@click.option("--rate", default=25.0, show_default=True, type=click.FloatRange(0.5, 10_000),
-              help="Leads submitted per second.")
-@click.option("--no-chaos", is_flag=True, help="Do not kill a worker and the relay mid-run.")
-@click.option("--no-review", is_flag=True, help="Leave every held lead held (no release/reject at the end).")
-@click.option("--serve", is_flag=True, help="Keep everything running after the summary (Ctrl-C stops it).")
-@click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port of the web form (default: any free one).")
-@click.option("--timeout", default=150.0, show_default=True, type=click.FloatRange(5, 3600),
-              help="Give up (exit 1) when the run has not settled after this many seconds.")
-@click.option("--schema", "schema_name",
-              help=f"The demo's own schema (default: $JOBLANE_SCHEMA, else {DEFAULT_SCHEMA}).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (no live display).")
-@click.pass_context
-def demo(ctx: click.Context, lead_count, workers, concurrency, rate, no_chaos, no_review, serve, port, timeout,
-         schema_name, as_json) -> None:
-    """Run the lead-intake example end to end: form, workers, model, relay, CRM, crashes included.
+def run(dsn: str | None, schema: str | None, options: Options) -> int:
+    """One run of the demo on ``dsn`` (None: an embedded PostgreSQL) in ``schema``; the exit code.
 
-    Uses DATABASE_URL, or an embedded PostgreSQL when it is unset. The demo's
-    schema (lead_intake, or --schema) is dropped and made again on each run;
-    a schema the demo did not make is refused. Exits 0 when every lead is
-    accounted for.
+    Raises DemoError when it cannot go on.
     """
-    options = Options(leads=lead_count, workers=workers, concurrency=concurrency, rate=rate, chaos=not no_chaos,
-                      review=not no_review, serve=serve, port=port, timeout=timeout, as_json=as_json)
-    code = run(ctx.obj.get("dsn"), schema_name or ctx.obj.get("schema") or DEFAULT_SCHEMA, options)
-    ctx.exit(code)
+    from ..queries import validate_schema
 
-
-def run(dsn: str | None, schema: str, options: Options) -> int:
-    from .queries import validate_schema
+    schema = schema or DEFAULT_SCHEMA
 
     try:
         validate_schema(schema)
     except ValueError as exc:
-        raise Fail(str(exc)) from None
+        raise DemoError(str(exc)) from None
     if os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
-        raise Fail("OPENAI_BASE_URL is set but OPENAI_API_KEY is not: set both (and LEAD_INTAKE_MODEL), "
+        raise DemoError("OPENAI_BASE_URL is set but OPENAI_API_KEY is not: set both (and LEAD_INTAKE_MODEL), "
                    "or neither to use the local model server")
     wall_start = time.monotonic()
-    root = _example_root()
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
     say = (lambda text: None) if options.as_json else (lambda text: console.print(text, highlight=False))
     if dsn:
         database = "DATABASE_URL"
@@ -782,16 +739,16 @@ def run(dsn: str | None, schema: str, options: Options) -> int:
         say("DATABASE_URL is not set: starting an embedded PostgreSQL...")
         import warnings
 
-        from .testing import database_url
+        from ..testing import database_url
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
                 dsn = database_url()
             except Exception as exc:
-                raise Fail(f"cannot start the embedded PostgreSQL ({exc}): set DATABASE_URL instead") from None
+                raise DemoError(f"cannot start the embedded PostgreSQL ({exc}): set DATABASE_URL instead") from None
         database = "embedded PostgreSQL"
-    leads = _load_leads(root, options.leads)
+    leads = _load_leads(options.leads)
     _reset_schema(dsn, schema)
 
     # Where everything listens, decided before the example is imported (its settings read the environment).
@@ -803,18 +760,17 @@ def run(dsn: str | None, schema: str, options: Options) -> int:
         sockets["model"] = _listen()
         urls["model"] = f"http://127.0.0.1:{sockets['model'].getsockname()[1]}"
         env.update(OPENAI_BASE_URL=urls["model"] + "/v1", OPENAI_API_KEY="local", LEAD_INTAKE_MODEL=LOCAL_MODEL)
-    env.update(DATABASE_URL=dsn, JOBLANE_SCHEMA=schema, LEAD_INTAKE_CRM_URL=urls["crm"],
-               PYTHONPATH=os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p))
+    env.update(DATABASE_URL=dsn, JOBLANE_SCHEMA=schema, LEAD_INTAKE_CRM_URL=urls["crm"])
     os.environ.update({k: env[k] for k in ("DATABASE_URL", "JOBLANE_SCHEMA", "LEAD_INTAKE_CRM_URL", "OPENAI_BASE_URL",
                                            "OPENAI_API_KEY", "LEAD_INTAKE_MODEL") if k in env})
 
-    from examples.lead_intake import local_crm
-    from examples.lead_intake import local_model as local_model_module
-    from examples.lead_intake.app import app
-    from examples.lead_intake.form import create_form
+    from .lead_intake import local_crm
+    from .lead_intake import local_model as local_model_module
+    from .lead_intake.app import app
+    from .lead_intake.form import create_form
 
     run_dir = Path(tempfile.mkdtemp(prefix="joblane-demo-"))
-    demo = Demo(options, dsn=dsn, schema=schema, database=database, root=root, run_dir=run_dir, leads=leads,
+    demo = Demo(options, dsn=dsn, schema=schema, database=database, cwd=Path.cwd(), run_dir=run_dir, leads=leads,
                 env=env, sockets=sockets, urls=urls,
                 local_model=local_model_module.LocalModel() if local_model else None,
                 crm=local_crm.LocalCrm(), app=app, form=create_form(app, dsn))
@@ -830,15 +786,13 @@ async def _main(demo: Demo, options: Options, wall_start: float) -> int:
     try:
         try:
             summary = await demo.run()
-        except DemoError as exc:
-            raise Fail(str(exc)) from None
         except asyncio.CancelledError:
             if not options.as_json:
                 console.print("[yellow]stopped before the end[/yellow]")
             return 130
         summary["wall_seconds"] = round(time.monotonic() - wall_start, 2)
         if options.as_json:
-            emit_json(summary)
+            print(json.dumps(summary, default=str), flush=True)
         else:
             print_summary(summary, summary["wall_seconds"])
         code = 0 if summary["accounted"] else 1
@@ -851,7 +805,10 @@ async def _main(demo: Demo, options: Options, wall_start: float) -> int:
 
 
 async def serve_forever(demo: Demo) -> None:
-    port = _free_port(8787)
+    try:
+        port = free_port(8787)
+    except OSError:
+        raise DemoError("no free port on 127.0.0.1 for the dashboard") from None
     demo.spawn("dashboard", "dashboard", APP_SPEC, "--port", str(port))
     shell = f"export DATABASE_URL='{demo.dsn}' JOBLANE_SCHEMA={demo.schema}"
     lines = [

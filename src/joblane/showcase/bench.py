@@ -1,12 +1,15 @@
-"""`joblane bench`: joblane's side of the benchmark workloads (../benchmarks compares with peers).
+"""`joblane bench`: joblane's side of the benchmark workloads (benchmarks/ in the repository compares with peers).
 
-Workloads (as in the peers' figures):
+Workloads (a-d as in the peers' figures):
   a  enqueue N jobs, one transaction each, one client
   b  bulk enqueue N jobs through enqueue_many, 1,000 per call
   c  process N pre-filled no-op jobs with one worker, timed from worker start
      until a separate connection sees no unfinished job
   d  latency: an idle worker; jobs enqueued one at a time 10 ms apart;
      enqueue-to-handler-start p50/p99
+  e  the outbox relay to a local HTTP receiver and to NATS JetStream
+  f  c with many jobs waiting (not yet due) in the same table
+  g  8 concurrent enqueuers, with and without NOTIFY
 Each run uses a fresh schema, dropped afterwards.
 """
 
@@ -22,10 +25,11 @@ from typing import Any, Callable
 import psycopg
 from psycopg import sql
 
-from .app import App
-from .queries import quote_ident
-from .testing import isolated_schema, new_schema_name
-from .types import JobSpec
+from ..app import App
+from ..queries import quote_ident
+from ..testing import isolated_schema, new_schema_name
+from ..types import JobSpec
+from . import free_port
 
 
 @dataclass
@@ -84,20 +88,10 @@ def _prefill(app: App, jobs: int) -> None:
         conn.execute(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(app.schema)))
 
 
-def _unfinished_watch(app: App, done: threading.Event, finished_at: list[float]) -> None:
-    sql = f"SELECT EXISTS (SELECT 1 FROM {quote_ident(app.schema)}.jobs WHERE state IN ('pending', 'running'))"
-    with psycopg.connect(app.dsn, autocommit=True) as conn:
-        while not done.is_set():
-            if not conn.execute(sql).fetchone()[0]:
-                finished_at.append(time.perf_counter())
-                return
-            time.sleep(0.02)
-
-
 def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch: int | None = None,
             waiting: int = 0, label: str | None = None, **worker_options: Any) -> Result:
     """Workload c (and f, with ``waiting`` extra jobs parked in another queue... no: ready behind them)."""
-    from .worker import Worker
+    from ..worker import Worker
 
     with isolated_schema(dsn, new_schema_name("bench")) as schema:
         app = _bench_app(dsn, schema)
@@ -119,9 +113,10 @@ def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch:
             if waiting:
                 watch_sql = (f"SELECT EXISTS (SELECT 1 FROM {quote_ident(schema)}.jobs"
                              " WHERE state = 'running' OR (state = 'pending' AND run_after <= now()))")
-                watcher = threading.Thread(target=_watch_sql, args=(app.dsn, watch_sql, done, finished), daemon=True)
             else:
-                watcher = threading.Thread(target=_unfinished_watch, args=(app, done, finished), daemon=True)
+                watch_sql = (f"SELECT EXISTS (SELECT 1 FROM {quote_ident(schema)}.jobs"
+                             " WHERE state IN ('pending', 'running'))")
+            watcher = threading.Thread(target=_watch_sql, args=(app.dsn, watch_sql, done, finished), daemon=True)
             runner = asyncio.create_task(worker.run(install_signals=False))
             watcher.start()
             while not finished and not runner.done():
@@ -140,6 +135,7 @@ def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch:
 
 
 def _watch_sql(dsn: str, sql: str, done: threading.Event, finished_at: list[float]) -> None:
+    """Poll ``sql`` (an EXISTS) on its own connection; note the time it first answers false."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         while not done.is_set():
             if not conn.execute(sql).fetchone()[0]:
@@ -149,7 +145,7 @@ def _watch_sql(dsn: str, sql: str, done: threading.Event, finished_at: list[floa
 
 
 def latency(dsn: str, jobs: int = 500, gap: float = 0.010) -> Result:
-    from .worker import Worker
+    from ..worker import Worker
 
     with isolated_schema(dsn, new_schema_name("bench")) as schema:
         app = App(dsn, schema=schema)
@@ -210,25 +206,6 @@ def concurrent_enqueue(dsn: str, writers: int = 8, jobs_each: int = 1000, *, not
     return Result("g", f"{writers} writers, notify {'on' if notify else 'off'}", writers * jobs_each / elapsed, "jobs/s")
 
 
-WORKLOADS: dict[str, Callable[..., list[Result]]] = {
-    "a": lambda dsn, scale: [enqueue_single(dsn, int(5000 * scale))],
-    "b": lambda dsn, scale: [enqueue_bulk(dsn, int(50_000 * scale))],
-    "c": lambda dsn, scale: [
-        process(dsn, int(20_000 * scale), concurrency=10, label="defaults (concurrency 10)"),
-        process(dsn, int(20_000 * scale), concurrency=400, claim_batch=200, label="best (400 in flight, claim 200)"),
-    ],
-    "d": lambda dsn, scale: [latency(dsn, max(50, int(500 * scale)))],
-    "f": lambda dsn, scale: [
-        process(dsn, int(20_000 * scale), concurrency=400, claim_batch=200, waiting=int(10_000 * scale),
-                label="best"),
-        process(dsn, int(20_000 * scale), concurrency=400, claim_batch=200, waiting=int(1_000_000 * scale),
-                label="best"),
-    ],
-    "g": lambda dsn, scale: [concurrent_enqueue(dsn, 8, int(1000 * scale), notify=True),
-                             concurrent_enqueue(dsn, 8, int(1000 * scale), notify=False)],
-}
-
-
 # -- e: the outbox relay ------------------------------------------------------
 
 
@@ -244,14 +221,6 @@ async def sink_app(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int = 500, concurrency: int = 4) -> Result:
     """e: ``rows`` outbox messages delivered by one relay to a local HTTP receiver or NATS JetStream."""
     import os
@@ -259,25 +228,25 @@ def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int =
     import sys
     import uuid
 
-    from .outbox.relay import Relay
+    from ..outbox.relay import Relay
 
     with isolated_schema(dsn, new_schema_name("bench")) as schema:
         app = App(dsn, schema=schema)
         cleanup: list[Callable[[], Any]] = []
         try:
             if sink == "http":
-                from .outbox.sinks import HttpSink
+                from ..outbox.sinks import HttpSink
 
-                port = _free_port()
+                port = free_port()
                 server = subprocess.Popen(
-                    [sys.executable, "-m", "uvicorn", "joblane.bench:sink_app", "--port", str(port),
+                    [sys.executable, "-m", "uvicorn", "joblane.showcase.bench:sink_app", "--port", str(port),
                      "--log-level", "warning", "--no-access-log"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
                 cleanup.append(lambda: (server.terminate(), server.wait(10)))
                 _wait_for_port(port)
                 app.route("bench.", HttpSink(f"http://127.0.0.1:{port}/hook", concurrency=8))
             elif sink == "nats":
-                from .outbox.sinks import NatsSink
+                from ..outbox.sinks import NatsSink
 
                 stream = f"JLBENCH_{uuid.uuid4().hex[:8].upper()}"
                 asyncio.run(_nats_stream(stream, create=True))
@@ -345,3 +314,41 @@ async def _nats_stream(stream: str, *, create: bool) -> None:
             await js.delete_stream(stream)
     finally:
         await nc.close()
+
+
+# -- what `joblane bench` runs ------------------------------------------------
+
+PROFILES = {
+    "defaults": {"concurrency": 10},
+    "best": {"concurrency": 400, "claim_batch": 200},
+}
+
+
+def plan(workloads: tuple[str, ...], profile: str, scale: float,
+         jobs: int | None) -> list[tuple[str, str, Callable[[str], Result]]]:
+    """The runs of ``workloads`` as (workload, label, run(dsn)); ``jobs`` overrides each one's size."""
+    steps: list[tuple[str, str, Callable[[str], Result]]] = []
+    for w in workloads:
+        if w == "a":
+            steps.append(("a", "one transaction each", lambda dsn: enqueue_single(dsn, jobs or int(5000 * scale))))
+        elif w == "b":
+            steps.append(("b", "1,000 per call", lambda dsn: enqueue_bulk(dsn, jobs or int(50_000 * scale))))
+        elif w == "c":
+            for name in (["defaults", "best"] if profile == "all" else [profile]):
+                opts = PROFILES[name]
+                steps.append(("c", name, lambda dsn, o=opts, n=name: process(
+                    dsn, jobs or int(20_000 * scale), label=n, **o)))
+        elif w == "d":
+            steps.append(("d", "idle worker", lambda dsn: latency(dsn, jobs or max(50, int(500 * scale)))))
+        elif w == "e":
+            for sink in ("http", "nats"):
+                steps.append(("e", sink, lambda dsn, k=sink: relay(dsn, jobs or int(20_000 * scale), sink=k)))
+        elif w == "f":
+            for waiting in (10_000, 1_000_000):
+                steps.append(("f", f"{waiting:,} waiting", lambda dsn, k=waiting: process(
+                    dsn, jobs or int(20_000 * scale), waiting=int(k * scale), label="best", **PROFILES["best"])))
+        elif w == "g":
+            for notify in (True, False):
+                steps.append(("g", f"notify {'on' if notify else 'off'}", lambda dsn, n=notify: concurrent_enqueue(
+                    dsn, 8, jobs or int(1000 * scale), notify=n)))
+    return steps

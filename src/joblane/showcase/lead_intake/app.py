@@ -1,7 +1,7 @@
 """The lead-intake App: three tasks and one outbox route.
 
-    joblane worker examples.lead_intake.app:app    # enrich, classify, deliver
-    joblane relay examples.lead_intake.app:app     # crm.* -> the CRM, with read-back
+    joblane worker joblane.showcase.lead_intake.app:app    # enrich, classify, deliver
+    joblane relay joblane.showcase.lead_intake.app:app     # crm.* -> the CRM, with read-back
 
 Each step writes its result, enqueues the next step and marks its own job
 done in ONE transaction (``complete_job_async``): commit, and all three

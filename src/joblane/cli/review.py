@@ -13,9 +13,9 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from . import ratelimit, review
-from .cli import Fail, _app, _age, _run, _when, console, emit_json
-from .types import JOB_STATES
+from .. import ratelimit, review, rules
+from ..types import JOB_STATES
+from .common import Fail, app_from_context, console, emit_json, jsonable, run_or_fail, show_time
 
 
 def _text(value: Any, width: int | None = None) -> str:
@@ -23,7 +23,7 @@ def _text(value: Any, width: int | None = None) -> str:
     if value is None:
         return "-"
     if isinstance(value, dt.datetime):
-        return _when(value)
+        return show_time(value)
     text = value if isinstance(value, str) else json.dumps(value)
     if width is not None and len(text) > width:
         text = text[: width - 1] + "…"
@@ -31,7 +31,7 @@ def _text(value: Any, width: int | None = None) -> str:
 
 
 def _patch(sets: tuple[str, ...]) -> dict[str, Any] | None:
-    return _run(lambda: review.parse_sets(sets)) if sets else None
+    return run_or_fail(lambda: review.parse_sets(sets)) if sets else None
 
 
 _SET_HELP = "Set a payload field: key=value (value read as JSON when it parses, else text); repeatable."
@@ -48,8 +48,8 @@ _SET_HELP = "Set a payload field: key=value (value read as JSON when it parses, 
 @click.pass_context
 def held(ctx: click.Context, queue, kind, limit, as_json) -> None:
     """The review queue: held jobs, longest held first, with the reason and data."""
-    app = _app(ctx)
-    rows = _run(lambda: app.held_jobs(queue=queue, kind=kind, limit=limit))
+    app = app_from_context(ctx)
+    rows = run_or_fail(lambda: app.held_jobs(queue=queue, kind=kind, limit=limit))
     if as_json:
         emit_json(rows)
         return
@@ -61,8 +61,9 @@ def held(ctx: click.Context, queue, kind, limit, as_json) -> None:
     for col in ("id", "queue", "kind", "held for", "reason", "data"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(str(r["id"]), r["queue"], r["kind"], _age((now - r["held_since"]).total_seconds()),
-                      _text(r["reason"] or "held at enqueue", 80), _text(r["data"], 120))
+        held_for = rules.format_age((now - r["held_since"]).total_seconds())
+        table.add_row(str(r["id"]), r["queue"], r["kind"], held_for, _text(r["reason"] or "held at enqueue", 80),
+                      _text(r["data"], 120))
     console.print(table)
     console.print("[dim]joblane release ID [--set key=value]  |  joblane reject ID --reason TEXT[/dim]")
 
@@ -75,9 +76,9 @@ def held(ctx: click.Context, queue, kind, limit, as_json) -> None:
 @click.pass_context
 def release(ctx: click.Context, job_id: int, sets, note, as_json) -> None:
     """Send held job JOB_ID back to pending, optionally with payload fields changed."""
-    app = _app(ctx)
+    app = app_from_context(ctx)
     patch = _patch(sets)
-    _run(lambda: app.release(None, job_id, patch, note=note))
+    run_or_fail(lambda: app.release(None, job_id, patch, note=note))
     if as_json:
         emit_json({"released": job_id, "payload_patch": patch or {}})
     else:
@@ -91,8 +92,8 @@ def release(ctx: click.Context, job_id: int, sets, note, as_json) -> None:
 @click.pass_context
 def reject(ctx: click.Context, job_id: int, reason: str, as_json) -> None:
     """Cancel held job JOB_ID, recording why."""
-    app = _app(ctx)
-    _run(lambda: app.reject(None, job_id, reason))
+    app = app_from_context(ctx)
+    run_or_fail(lambda: app.reject(None, job_id, reason))
     if as_json:
         emit_json({"rejected": job_id, "reason": reason})
     else:
@@ -122,9 +123,9 @@ def replay(ctx: click.Context, job_ids, kind, queue, states, since, until, sets,
 
     Example: joblane replay --kind classify --state failed --since 24h --set prompt_version=v2
     """
-    app = _app(ctx)
+    app = app_from_context(ctx)
     patch = _patch(sets)
-    rows = _run(lambda: app.replay(
+    rows = run_or_fail(lambda: app.replay(
         None, ids=list(job_ids) or None, kind=kind, queue=queue, state=list(states) or None, since=since,
         until=until, payload_patch=patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry_run))
     if as_json:
@@ -167,9 +168,9 @@ def attempts(ctx: click.Context, kind, queue, outcome, model, since, job_id, bef
     """List attempts newest first (`joblane attempts export` writes them all as CSV or JSON lines)."""
     if ctx.invoked_subcommand:
         return
-    app = _app(ctx)
-    rows = _run(lambda: app.list_attempts(kind=kind, queue=queue, outcome=outcome, model=model, since=since,
-                                          job_id=job_id, before_id=before_id, limit=limit))
+    app = app_from_context(ctx)
+    rows = run_or_fail(lambda: app.list_attempts(kind=kind, queue=queue, outcome=outcome, model=model, since=since,
+                                                 job_id=job_id, before_id=before_id, limit=limit))
     if as_json:
         emit_json(rows)
         return
@@ -184,7 +185,8 @@ def attempts(ctx: click.Context, kind, queue, outcome, model, since, job_id, bef
         if r["started_at"] and r["finished_at"]:
             ms = f"{(r['finished_at'] - r['started_at']).total_seconds() * 1000:.0f}"
         table.add_row(str(r["id"]), str(r["job_id"]), _text(r["kind"]), str(r["attempt"]), r["outcome"],
-                      _text(r["job_state"]), _when(r["finished_at"]), ms, _text(r["meta"], 80), _text(r["error"], 60))
+                      _text(r["job_state"]), show_time(r["finished_at"]), ms, _text(r["meta"], 80),
+                      _text(r["error"], 60))
     console.print(table)
     if len(rows) == limit:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
@@ -195,10 +197,6 @@ def attempts(ctx: click.Context, kind, queue, outcome, model, since, job_id, bef
 CSV_COLUMNS = ("id", "job_id", "kind", "queue", "attempt", "outcome", "job_state", "worker", "started_at",
                "finished_at", "latency_ms", "model", "prompt_version", "tokens_in", "tokens_out", "cost",
                "settled_cost", "replay_of", "error", "meta")
-
-
-def _iso(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, dt.datetime) else value
 
 
 @attempts.command("export")
@@ -217,7 +215,7 @@ def attempts_export(ctx: click.Context, kind, queue, outcome, model, since, unti
     Rows stream from the database in pages, so the size of the export does
     not matter. A file is written under a temporary name and renamed when complete.
     """
-    app = _app(ctx)
+    app = app_from_context(ctx)
     rows = app.export_attempts(kind=kind, queue=queue, outcome=outcome, model=model, since=since, until=until)
     partial = f"{output}.partial" if output else None
     out = open(partial, "w", newline="", encoding="utf-8") if partial else sys.stdout
@@ -229,19 +227,19 @@ def attempts_export(ctx: click.Context, kind, queue, outcome, model, since, unti
             writer.writerow(CSV_COLUMNS)
             for r in rows:
                 meta = r["meta"]
-                r["started_at"], r["finished_at"] = _iso(r["started_at"]), _iso(r["finished_at"])
+                r["started_at"], r["finished_at"] = jsonable(r["started_at"]), jsonable(r["finished_at"])
                 r["meta"] = json.dumps(meta)
                 # csv writes None as an empty field
                 writer.writerow([r[c] if c in r else meta.get(c) for c in CSV_COLUMNS])
                 n += 1
         else:
             for r in rows:
-                out.write(json.dumps({k: _iso(v) for k, v in r.items()}, default=str) + "\n")
+                out.write(json.dumps(jsonable(r), default=str) + "\n")
                 n += 1
         return n
 
     try:
-        n = _run(write)
+        n = run_or_fail(write)
     except BrokenPipeError:  # the reader (| head) stopped early: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
@@ -266,8 +264,8 @@ def limits(ctx: click.Context, as_json: bool) -> None:
     """Queue rate limits and pauses, with what the current windows hold."""
     if ctx.invoked_subcommand:
         return
-    app = _app(ctx)
-    rows = _run(lambda: ratelimit.status(app))
+    app = app_from_context(ctx)
+    rows = run_or_fail(lambda: ratelimit.status(app))
     if as_json:
         emit_json(rows)
         return
@@ -281,16 +279,16 @@ def limits(ctx: click.Context, as_json: bool) -> None:
     for r in rows:
         starts = cost = per_key = "-"
         if r["max_starts"] is not None:
-            starts = f"{r['starts']}/{r['max_starts']} per {ratelimit._span(r['starts_interval'])}"
+            starts = f"{r['starts']}/{r['max_starts']} per {rules.format_span(r['starts_interval'])}"
         running = f"{r['running']}/{r['concurrency']}" if r["concurrency"] is not None else str(r["running"])
         if r["max_cost"] is not None:
-            cost = (f"{r['cost']:g}/{r['max_cost']:g} per {ratelimit._span(r['cost_interval'])}"
+            cost = (f"{r['cost']:g}/{r['max_cost']:g} per {rules.format_span(r['cost_interval'])}"
                     f" (estimate {r['estimate'] or '-'}, default {r['default_estimate']:g})")
         if r["per_key"] is not None:
             per_key = f"{r['per_key']} per {r['key']}"
         paused = "-"
         if r["paused_until"] is not None:
-            paused = f"{_age((r['paused_until'] - now).total_seconds())} more" + (
+            paused = f"{rules.format_age((r['paused_until'] - now).total_seconds())} more" + (
                 f": {r['pause_reason']}" if r["pause_reason"] else "")
         table.add_row(r["queue"], starts, running, escape(cost), escape(per_key), escape(paused))
     console.print(table)
@@ -315,11 +313,11 @@ def limits_set(ctx: click.Context, queue, rate, concurrency, cost, estimate, def
 
     A worker whose app declares limits for QUEUE (app.limit) writes those at start.
     """
-    app = _app(ctx)
-    limit = _run(lambda: ratelimit.make_limit(queue, rate=rate, concurrency=concurrency, cost=cost,
-                                              estimate=estimate, default_estimate=default_estimate, key=key,
-                                              per_key=per_key))
-    _run(lambda: ratelimit.save(app, limit))
+    app = app_from_context(ctx)
+    limit = run_or_fail(lambda: ratelimit.make_limit(queue, rate=rate, concurrency=concurrency, cost=cost,
+                                                     estimate=estimate, default_estimate=default_estimate, key=key,
+                                                     per_key=per_key))
+    run_or_fail(lambda: ratelimit.save(app, limit))
     if as_json:
         emit_json({"queue": queue, "limit": limit.describe()})
     else:
@@ -331,14 +329,14 @@ def limits_set(ctx: click.Context, queue, rate, concurrency, cost, estimate, def
 @click.pass_context
 def limits_clear(ctx: click.Context, queue) -> None:
     """Remove the limits of QUEUE (its jobs go back to the plain claim)."""
-    app = _app(ctx)
-    if not _run(lambda: ratelimit.remove(app, queue)):
+    app = app_from_context(ctx)
+    if not run_or_fail(lambda: ratelimit.remove(app, queue)):
         raise Fail(f"queue {queue!r} has no limits (see `joblane limits`)")
     console.print(f"queue {escape(queue)}: limits removed")
 
 
 def _seconds(text: str) -> float:
-    seconds = review.parse_seconds(text)
+    seconds = rules.duration_or_none(text, bare_seconds=False)
     if not seconds:
         raise Fail(f"--for takes a duration such as 90s, 5m or 1h, got {text!r}")
     return seconds
@@ -351,10 +349,10 @@ def _seconds(text: str) -> float:
 @click.pass_context
 def limits_pause(ctx: click.Context, queue, duration, reason) -> None:
     """Stop every worker from starting jobs of QUEUE for a while (running jobs carry on)."""
-    app = _app(ctx)
+    app = app_from_context(ctx)
     seconds = _seconds(duration)
-    until = _run(lambda: app.pause_queue(None, queue, seconds, reason))
-    console.print(f"queue {escape(queue)} paused until {_when(until)}")
+    until = run_or_fail(lambda: app.pause_queue(None, queue, seconds, reason))
+    console.print(f"queue {escape(queue)} paused until {show_time(until)}")
 
 
 @limits.command("resume")
@@ -362,8 +360,8 @@ def limits_pause(ctx: click.Context, queue, duration, reason) -> None:
 @click.pass_context
 def limits_resume(ctx: click.Context, queue) -> None:
     """End the pause of QUEUE now."""
-    app = _app(ctx)
-    if not _run(lambda: app.resume_queue(None, queue)):
+    app = app_from_context(ctx)
+    if not run_or_fail(lambda: app.resume_queue(None, queue)):
         raise Fail(f"queue {queue!r} is not paused")
     console.print(f"queue {escape(queue)} resumed")
 

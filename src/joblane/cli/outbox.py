@@ -1,4 +1,4 @@
-"""`joblane relay APP` and `joblane outbox ...`: registered on the main command group in joblane.cli."""
+"""`joblane relay APP` and `joblane outbox ...`: deliver the outbox, and look at and retry its messages."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import json
 import click
 from rich.table import Table
 
-from ..cli import Fail, _app, _run, _setup_logging, _when, console, emit_json
-from . import admin
+from ..outbox import admin
+from .common import (Fail, app_from_context, console, emit_json, parse_ids, report_changes, run_or_fail,
+                     setup_logging, show_time)
 
 
 @click.command()
@@ -36,14 +37,14 @@ def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, 
           lease_seconds: float, grace_seconds: float, no_listen: bool, retention_seconds: float,
           log_format: str, verbose: bool, connect_timeout: float) -> None:
     """Deliver APP's outbox through the sinks it routes (app.route(prefix, sink))."""
-    from .relay import Relay
+    from ..outbox.relay import Relay
 
-    app = _app(ctx, app_spec)
-    _setup_logging(log_format, verbose)
-    r = _run(lambda: Relay(app, batch_size=batch_size, concurrency=concurrency, poll_interval=poll_interval,
-                           lease_seconds=lease_seconds, grace_seconds=grace_seconds, listen=not no_listen,
-                           retention_seconds=retention_seconds, connect_timeout=connect_timeout))
-    _run(lambda: asyncio.run(r.run()))
+    app = app_from_context(ctx, app_spec)
+    setup_logging(log_format, verbose)
+    r = run_or_fail(lambda: Relay(app, batch_size=batch_size, concurrency=concurrency, poll_interval=poll_interval,
+                                  lease_seconds=lease_seconds, grace_seconds=grace_seconds, listen=not no_listen,
+                                  retention_seconds=retention_seconds, connect_timeout=connect_timeout))
+    run_or_fail(lambda: asyncio.run(r.run()))
 
 
 @click.group(invoke_without_command=True)
@@ -57,8 +58,8 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
     """List outbox messages, newest first (`joblane outbox retry` re-queues failed ones)."""
     if ctx.invoked_subcommand:
         return
-    app = _app(ctx)
-    rows = _run(lambda: admin.list_messages(app, state=state, topic=topic, before_id=before_id, limit=limit))
+    app = app_from_context(ctx)
+    rows = run_or_fail(lambda: admin.list_messages(app, state=state, topic=topic, before_id=before_id, limit=limit))
     if as_json:
         emit_json(rows)
         return
@@ -67,7 +68,7 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(str(r["id"]), r["topic"], r["key"] or "-", r["idempotency_key"] or f"outbox:{r['id']}",
-                      r["state"], str(r["attempts"]), _when(r["run_after"]) if r["state"] == "pending" else "-",
+                      r["state"], str(r["attempts"]), show_time(r["run_after"]) if r["state"] == "pending" else "-",
                       (r["last_error"] or "")[:80])
     console.print(table if rows else "no outbox messages match")
     if len(rows) == limit:
@@ -80,8 +81,8 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
 @click.pass_context
 def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
     """One outbox message with its payload and headers."""
-    app = _app(ctx)
-    row = _run(lambda: admin.get_message(app, message_id))
+    app = app_from_context(ctx)
+    row = run_or_fail(lambda: admin.get_message(app, message_id))
     if row is None:
         raise Fail(f"no outbox message {message_id} in schema {app.schema}")
     if as_json:
@@ -92,7 +93,7 @@ def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
         if key in ("payload", "headers"):
             value = json.dumps(value, indent=2)
         elif isinstance(value, dt.datetime):
-            value = _when(value)
+            value = show_time(value)
         table.add_row(key, "-" if value is None else str(value))
     console.print(table)
 
@@ -107,26 +108,19 @@ def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
 @click.pass_context
 def outbox_retry(ctx: click.Context, message_ids, topic, all_failed, attempts, as_json) -> None:
     """Put failed outbox messages back to pending."""
-    ids = []
-    for v in message_ids:
-        try:
-            ids.append(int(v))
-        except ValueError:
-            raise Fail(f"message ids are integers, got {v!r}") from None
+    ids = parse_ids(message_ids, "message")
     if not ids and not (topic or all_failed):
         raise Fail("give message ids, --topic or --all-failed")
     if ids and (topic or all_failed):
         raise Fail("give either message ids or a filter, not both")
-    app = _app(ctx)
-    done = _run(lambda: admin.retry(app, ids=ids or None, topic=topic, all_failed=all_failed, attempts=attempts))
+    app = app_from_context(ctx)
+    done = run_or_fail(lambda: admin.retry(app, ids=ids or None, topic=topic, all_failed=all_failed,
+                                           attempts=attempts))
     skipped = {}
     for i in (i for i in ids if i not in set(done)):
-        row = _run(lambda: admin.get_message(app, i))
+        row = run_or_fail(lambda: admin.get_message(app, i))
         skipped[i] = "missing" if row is None else row["state"]
-    if as_json:
-        emit_json({"retried": done, "skipped": {str(k): v for k, v in skipped.items()}})
-        return
-    console.print(f"retried: {len(done)} message{'s' if len(done) != 1 else ''}"
-                  + (f" ({', '.join(map(str, done[:20]))}{'...' if len(done) > 20 else ''})" if done else ""))
-    for i, s in skipped.items():
-        console.print(f"[yellow]skipped {i}: {'no such message' if s == 'missing' else 'it is ' + s}[/yellow]")
+    report_changes("retried", "message", done, skipped, as_json)
+
+
+COMMANDS = (relay, outbox)

@@ -1,4 +1,5 @@
--- Named queries of `joblane demo` (src/joblane/demo.py): its live progress and its closing summary.
+-- Named queries of `joblane demo` (showcase/demo.py, which loads this file itself: they are not part of
+-- joblane's catalogue): its live progress and its closing summary.
 -- They read the demo's own schema, which it drops and creates again on every run.
 
 -- name: demo_schema_note

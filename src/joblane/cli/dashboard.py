@@ -7,8 +7,8 @@ import socket
 
 import click
 
-from ..cli import Fail, _app, _run, console
-from .security import TOKEN_ENV, bind_problem, is_loopback
+from ..web.security import TOKEN_ENV, bind_problem, is_loopback
+from .common import Fail, app_from_context, console, needs_extra, run_or_fail
 
 
 @click.command()
@@ -29,17 +29,15 @@ def dashboard(ctx: click.Context, app_spec: str | None, host: str, port: int, re
     APP (module:attribute) is optional; without it the dashboard reads the
     schema given by --schema / JOBLANE_SCHEMA.
     """
-    try:
+    with needs_extra("joblane dashboard", "web"):
         import uvicorn
 
-        from .server import create_app
-    except ImportError as exc:
-        raise Fail(f"the dashboard needs the web extra ({exc.name} is missing): pip install 'joblane[web]'") from None
+        from ..web.server import create_app
     token = os.environ.get(TOKEN_ENV) or None
     problem = bind_problem(host, token)
     if problem:
         raise Fail(problem)
-    app = _app(ctx, app_spec)
+    app = app_from_context(ctx, app_spec)
 
     def check() -> None:
         from ..migrations import check as check_schema
@@ -47,7 +45,7 @@ def dashboard(ctx: click.Context, app_spec: str | None, host: str, port: int, re
         with app.connect() as conn:
             check_schema(conn, app.schema)
 
-    _run(check)
+    run_or_fail(check)
     web = create_app(app, read_only=read_only, token=token, loopback_only=is_loopback(host) and token is None,
                      allowed_hosts=allow_hosts, refresh_seconds=refresh)
     _port_free(host, port)
@@ -69,3 +67,6 @@ def _port_free(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise Fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (pick another --port)") from None
+
+
+COMMANDS = (dashboard,)

