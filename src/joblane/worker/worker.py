@@ -22,15 +22,15 @@ from .. import telemetry
 from ..app import App
 from ..errors import JoblaneError, SchemaVersionError
 from ..lifecycle import GracefulSignals, retry_delay, sleep_unless
-from ..maintenance import Pruner, Rescuer
+from ..maintenance import Pruner, Rescuer, Scheduler
 from ..migrations import check_async
+from ..notifier import Notifier
 from ..ratelimit import Limiter
 from ..steps import Steps
-from ..store import outcome_rows
+from ..store import for_schema_store, outcome_rows
 from ..types import Job, Outcome
 from .batcher import Batcher
 from .executor import execute, give_back, now
-from .notifier import Notifier
 
 log = logging.getLogger("joblane.worker")
 
@@ -120,8 +120,10 @@ class Worker:
         self.completer: Batcher[Outcome] = Batcher(
             self._write_outcomes, max_size=flush_size, max_wait=flush_interval, max_in_flight=2, name="completer"
         )
-        self.rescuer = Rescuer(q, app.schema, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
-        self.pruner = Pruner(q, app.schema, retention=retention_seconds, prune_failed=prune_failed,
+        # app.store, unless testing.app_on_schema re-pointed app.schema (it leaves app.store as it was)
+        self.store = for_schema_store(app.schema)
+        self.rescuer = Rescuer(self.store, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
+        self.pruner = Pruner(self.store, retention=retention_seconds, prune_failed=prune_failed,
                              interval=prune_interval)
 
         self._active: dict[int, tuple[asyncio.Task, Job]] = {}
@@ -341,8 +343,6 @@ class Worker:
             asyncio.create_task(self.limiter.run(self._stopping), name="limiter"),
         ]
         if self.app.periodic_tasks:  # every worker runs the scheduler; each tick is enqueued once
-            from ..periodic import Scheduler
-
             self.scheduler = Scheduler(self.app)
             background.append(asyncio.create_task(self.scheduler.run(self._pool, self._stopping), name="scheduler"))
         notifier = None
