@@ -134,7 +134,7 @@ async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_ds
         await Rescuer(app.store, interval=1).run_once(c)
         [again] = await c.fetch(app.queries.claim_jobs, ["default"], 1, "other-worker", 30.0)
         assert again["id"] == job_id and again["attempts"] == 2
-        late = Outcome(job_id=job_id, attempt=1, state="done", outcome="done")
+        late = Outcome.done(job_id, 1)
         applied = await c.fetch(app.queries.complete_jobs, outcome_rows([late]), "slow-worker")
         assert applied == []
     finally:

@@ -314,9 +314,7 @@ class Limiter:
         at the end of the pause, its attempt not spent."""
         from .worker.executor import give_back
 
-        outcome = give_back(job, started, f"queue {job.queue} is paused")
-        outcome.delay = self.paused_for(job.queue)
-        return outcome
+        return give_back(job, started, f"queue {job.queue} is paused", delay=self.paused_for(job.queue))
 
     async def claim(self, conn: Any, n: int, plain_sql: str, worker: str, lease: float, run_free: int) -> list:
         """Claim up to ``n`` jobs: the plain claim for unlimited queues, the limited claim for the others.
