@@ -7,3 +7,10 @@ RUNS_DDL = "CREATE TABLE {schema}.runs (job_id bigint NOT NULL, attempt int NOT 
 
 def create_runs_table(conn, schema: str) -> None:
     conn.execute(RUNS_DDL.replace("{schema}", quote_ident(schema)))
+
+
+def run_sql(conn, sql: str, args=()) -> list[tuple]:
+    """Run SQL with $n placeholders (a named query's text, EXPLAIN of one) through the store's runner."""
+    from joblane import store
+
+    return store.fetch(conn, store.Statement("test", sql, tuple(args)))

@@ -107,9 +107,9 @@ def test_enqueue_many_is_chunked_not_one_round_trip_per_job(app, conn, monkeypat
     calls = []
     real = store.fetch
 
-    def counting(c, sql, args=()):
-        calls.append(sql)
-        return real(c, sql, args)
+    def counting(c, stmt):
+        calls.append(stmt.name)
+        return real(c, stmt)
 
     monkeypatch.setattr(store, "fetch", counting)
     ids = app.enqueue_many(conn, ({"kind": "bulk", "payload": {"i": i}} for i in range(20_000)))

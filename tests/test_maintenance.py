@@ -33,7 +33,7 @@ async def test_rescuer_returns_expired_leases_only(app, conn, joblane_dsn):
     expired = fabricate(conn, app, attempts=1)
     spent = fabricate(conn, app, attempts=5, max_attempts=5)
     alive = fabricate(conn, app, lease="+ interval '1 minute'")
-    rescuer = Rescuer(app.queries, app.schema, interval=1)
+    rescuer = Rescuer(app.store, interval=1)
     c = await asyncpg.connect(joblane_dsn)
     try:
         rescued = dict(await rescuer.run_once(c))
@@ -53,7 +53,7 @@ async def test_rescuer_returns_expired_leases_only(app, conn, joblane_dsn):
 
 async def test_only_one_rescuer_works_at_a_time(app, conn, joblane_dsn):
     fabricate(conn, app)
-    rescuer = Rescuer(app.queries, app.schema, interval=1)
+    rescuer = Rescuer(app.store, interval=1)
     a, b = await asyncpg.connect(joblane_dsn), await asyncpg.connect(joblane_dsn)
     try:
         async with a.transaction():
@@ -74,15 +74,15 @@ async def test_pruner_deletes_old_finished_jobs_and_their_attempts(app, conn, jo
                  (old_done, new_done))
     c = await asyncpg.connect(joblane_dsn)
     try:
-        assert await Pruner(app.queries, app.schema, retention=7 * 86400).run_once(c) == [old_done]
+        assert await Pruner(app.store, retention=7 * 86400).run_once(c) == [old_done]
         left = {r[0] for r in conn.execute(f"SELECT id FROM {table(app, 'jobs')}").fetchall()}
         assert left == {old_failed, new_done, pending}
         assert conn.execute(f"SELECT job_id FROM {table(app, 'attempts')}").fetchall() == [(new_done,)]
-        assert await Pruner(app.queries, app.schema, retention=86400, prune_failed=True).run_once(c) == [old_failed]
+        assert await Pruner(app.store, retention=86400, prune_failed=True).run_once(c) == [old_failed]
     finally:
         await c.close()
     with pytest.raises(ValueError):
-        Pruner(app.queries, app.schema, retention=-1)
+        Pruner(app.store, retention=-1)
 
 
 async def test_heartbeat_keeps_a_long_task_leased(app, conn):
@@ -131,10 +131,10 @@ async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_ds
     try:
         [row] = await c.fetch(app.queries.claim_jobs, ["default"], 1, "slow-worker", 30.0)
         conn.execute(f"UPDATE {table(app, 'jobs')} SET lease_until = now() - interval '1 second' WHERE id = %s", (job_id,))
-        await Rescuer(app.queries, app.schema, interval=1).run_once(c)
+        await Rescuer(app.store, interval=1).run_once(c)
         [again] = await c.fetch(app.queries.claim_jobs, ["default"], 1, "other-worker", 30.0)
         assert again["id"] == job_id and again["attempts"] == 2
-        late = Outcome(job_id=job_id, attempt=1, state="done", outcome="done")
+        late = Outcome.done(job_id, 1)
         applied = await c.fetch(app.queries.complete_jobs, outcome_rows([late]), "slow-worker")
         assert applied == []
     finally:

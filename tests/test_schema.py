@@ -8,9 +8,10 @@ import psycopg
 import pytest
 
 import joblane
-from joblane import migrations, store
+from joblane import migrations
 from joblane.queries import Queries, catalogue, parse, quote_ident, validate_schema
 from joblane.testing import isolated_schema, new_schema_name
+from .helpers import run_sql
 
 
 def test_migrate_twice_is_a_no_op(joblane_dsn):
@@ -95,7 +96,7 @@ def test_claim_reads_the_partial_index(joblane_dsn, joblane_schema):
             " CASE WHEN i % 4 = 0 THEN NULL ELSE now() END FROM generate_series(1, 20000) i"
         )
         conn.execute(f"ANALYZE {jobs}")
-        plan = store.fetch(conn, "EXPLAIN " + app.queries.claim_jobs, [["q0", "q1"], 10, "w", 30.0])
+        plan = run_sql(conn, "EXPLAIN " + app.queries.claim_jobs, [["q0", "q1"], 10, "w", 30.0])
         text = "\n".join(r[0] for r in plan)
         assert "jobs_ready" in text, text
         assert "Seq Scan" not in text and "Sort Key: j.priority" not in text.split("Limit")[-1], text

@@ -71,16 +71,11 @@ def get_job(app: Any, job_id: int, conn: Any = None) -> dict[str, Any] | None:
 
 
 def retry(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None, kind: str | None = None,
-          queue: str | None = None) -> list[int]:
-    if ids is None and kind is None and queue is None:
-        raise JoblaneError("retry needs job ids or a filter (kind, queue)")
+          queue: str | None = None, all_failed: bool = False) -> list[int]:
+    if ids is None and kind is None and queue is None and not all_failed:
+        raise JoblaneError("retry needs job ids, a filter (kind, queue) or all_failed=True")
     rows = _rows(app, conn, app.store.retry_jobs(list(ids) if ids is not None else None, kind, queue, "failed"))
     return sorted(r[0] for r in rows)
-
-
-def retry_all_failed(app: Any, conn: Any = None) -> list[int]:
-    """Every failed job back to pending."""
-    return sorted(r[0] for r in _rows(app, conn, app.store.retry_jobs(None, None, None, "failed")))
 
 
 def cancel(app: Any, conn: Any = None, *, ids: Sequence[int], reason: str | None = None,

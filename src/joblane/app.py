@@ -18,7 +18,6 @@ from .types import JobSpec
 from .outbox import publish as outbox_writes
 
 ENQUEUE_CHUNK = enqueue.CHUNK
-_check_queue = check_queue  # transition: removed once worker/ and periodic import rules
 
 
 @dataclass
@@ -96,6 +95,10 @@ class App:
         if not dsn:
             raise JoblaneError("no database: set DATABASE_URL or pass App(dsn=...)")
         return normalize_dsn(dsn)
+
+    @dsn.setter
+    def dsn(self, dsn: str | None) -> None:
+        self._dsn = dsn
 
     def task(
         self,
@@ -181,9 +184,6 @@ class App:
                         max_attempts=max_attempts, timezone=timezone, **task_options)
 
     # -- enqueue ----------------------------------------------------------
-
-    def _enqueue_args(self, kind: str, payload: Any, **options: Any) -> tuple[list[Any], bool]:
-        return enqueue.prepare(self, kind, payload, **options)  # transition: periodic moves to enqueue.prepare
 
     def enqueue(
         self,
@@ -366,9 +366,13 @@ class App:
         ids: Sequence[int] | None = None,
         kind: str | None = None,
         queue: str | None = None,
+        all_failed: bool = False,
     ) -> list[int]:
-        """Put failed (or, by id, cancelled) jobs back to pending; returns the ids retried."""
-        return admin.retry(self, conn, ids=ids, kind=kind, queue=queue)
+        """Put failed (or, by id, cancelled) jobs back to pending; returns the ids retried.
+
+        ``all_failed=True`` with no ids or filter retries every failed job.
+        """
+        return admin.retry(self, conn, ids=ids, kind=kind, queue=queue, all_failed=all_failed)
 
     def cancel(self, conn: Any = None, *, ids: Sequence[int], reason: str | None = None,
                actor: str | None = None) -> list[int]:

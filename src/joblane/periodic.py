@@ -1,7 +1,8 @@
-"""Periodic jobs: ``@app.periodic(cron=...)`` and the scheduler every worker runs.
+"""Periodic jobs: ``@app.periodic(cron=...)``, the schedules it declares and the cron rules they follow.
 
-Every worker runs a :class:`Scheduler`; however many there are, each tick of
-a schedule is enqueued once. Two things make that so:
+Every worker runs a scheduler (``joblane.maintenance.Scheduler``); however
+many there are, each tick of a schedule is enqueued once. Two things make
+that so:
 
 * a round runs under the maintenance services' advisory lock, so one worker
   at a time decides what is due;
@@ -22,22 +23,19 @@ scheduler started; it does not backfill.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import logging
-import random
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from . import enqueue
 from .errors import JoblaneError
-from .maintenance.service import Service
+from .maintenance.scheduler import Scheduler  # its documented home until now; joblane.maintenance.Scheduler
 
 if TYPE_CHECKING:  # pragma: no cover
     from .app import App
 
-log = logging.getLogger("joblane.periodic")
+__all__ = ["Schedule", "Scheduler", "register"]
 
 UTC = dt.timezone.utc
 _MICROSECOND = dt.timedelta(microseconds=1)
@@ -132,116 +130,9 @@ def register(
         schedule = Schedule(name=schedule_name, cron=cron, kind=task_kind, payload=dict(payload or {}), queue=queue,
                             priority=priority, max_attempts=max_attempts, timezone=tz)
         # validate what every tick will enqueue now, not at the first tick
-        app._enqueue_args(task_kind, schedule.payload, queue=queue, priority=priority, run_after=None, delay=None,
+        enqueue.prepare(app, task_kind, schedule.payload, queue=queue, priority=priority, run_after=None, delay=None,
                           max_attempts=max_attempts, unique_key=schedule.unique_key(dt.datetime.now(UTC)), held=False)
         app.periodic_tasks[schedule_name] = schedule
         return fn
 
     return decorate
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(UTC)
-
-
-class Scheduler(Service):
-    """Enqueues the periodic jobs of an app; runs in every worker, one round at a time.
-
-    Rounds run just after each tick (and at least every ``max_sleep``
-    seconds). ``clock`` returns an aware datetime; tests pass their own.
-    """
-
-    name = "scheduler"
-
-    def __init__(
-        self,
-        app: App,
-        *,
-        misfire_grace: float = 60.0,
-        max_sleep: float = 30.0,
-        retention: float = 86400.0,
-        prune_every: float = 600.0,
-        clock: Callable[[], dt.datetime] = _now,
-    ):
-        super().__init__(app.queries, app.schema, interval=max_sleep, jitter=0.0)
-        if misfire_grace < 0:
-            raise ValueError("scheduler: misfire_grace must be >= 0 seconds")
-        self.app = app
-        self.misfire_grace = dt.timedelta(seconds=misfire_grace)
-        self.retention = float(retention)
-        self.prune_every = prune_every
-        self.clock = clock
-        self.started_at = clock()
-        self._pruned_at = 0.0
-
-    @property
-    def schedules(self) -> list[Schedule]:
-        return list(self.app.periodic_tasks.values())
-
-    def due(self, schedule: Schedule, last: dt.datetime | None, now: dt.datetime) -> list[dt.datetime]:
-        """The ticks of ``schedule`` to enqueue at ``now``, given its latest recorded tick (the policy above)."""
-        window_start = now - self.misfire_grace
-        floor = last if last is not None else self.started_at
-        recent = schedule.ticks(after=max(floor, window_start), until=now)
-        if recent or last is None:
-            return recent
-        missed = schedule.latest(at_or_before=window_start)
-        return [missed] if missed > last else []
-
-    async def _work(self, conn) -> list[tuple[str, dt.datetime, int]]:
-        schedules = self.schedules
-        if not schedules:
-            return []
-        now = self.clock()
-        names = [s.name for s in schedules]
-        last = {name: tick for name, tick in await conn.fetch(self.queries.latest_periodic_ticks, names)}
-        cols: list[list[Any]] = [[] for _ in range(8)]
-        notify = False
-        for schedule in schedules:
-            for tick in self.due(schedule, last.get(schedule.name), now):
-                key = schedule.unique_key(tick)
-                args, ready = self.app._enqueue_args(
-                    schedule.kind, {**schedule.payload, "tick": tick.isoformat()}, queue=schedule.queue,
-                    priority=schedule.priority, run_after=None, delay=None, max_attempts=schedule.max_attempts,
-                    unique_key=key, held=False)
-                queue, kind, body, priority, max_attempts = args[:5]
-                for col, value in zip(cols, (schedule.name, tick, queue, kind, body, priority, max_attempts, key)):
-                    col.append(value)
-                notify = notify or ready
-        enqueued: list[tuple[str, dt.datetime, int]] = []
-        if cols[0]:
-            rows = await conn.fetch(self.queries.enqueue_periodic, *cols, notify, self.app.channel)
-            by_key = {r[1]: r[0] for r in rows}
-            enqueued = [(n, t, by_key[k]) for n, t, k in zip(cols[0], cols[1], cols[7]) if k in by_key]
-            for name, tick, job_id in enqueued:
-                log.info("periodic %s: tick %s enqueued as job %d", name, tick.isoformat(), job_id)
-        if time.monotonic() - self._pruned_at >= self.prune_every:
-            await conn.fetch(self.queries.prune_periodic_ticks, self.retention)
-            self._pruned_at = time.monotonic()
-        return enqueued
-
-    def seconds_to_next_tick(self, now: dt.datetime | None = None) -> float:
-        now = now or self.clock()
-        upcoming = min((s.next_after(now) for s in self.schedules), default=None)
-        if upcoming is None:
-            return self.interval
-        return min(self.interval, max(0.0, (upcoming - now).total_seconds()))
-
-    async def run(self, pool, stopping: asyncio.Event) -> None:
-        """Wake just after each tick, run a round; the worker that gets the lock enqueues."""
-        log.info("scheduler: %d periodic schedules (%s)", len(self.schedules),
-                 ", ".join(f"{s.name} '{s.cron}'" for s in self.schedules))
-        while not stopping.is_set():
-            try:
-                async with pool.acquire() as conn:
-                    await self.run_once(conn)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("scheduler: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            # a few milliseconds past the tick, so that the round sees it as due
-            delay = self.seconds_to_next_tick() + random.uniform(0.005, 0.05)
-            try:
-                await asyncio.wait_for(stopping.wait(), delay)
-            except asyncio.TimeoutError:
-                pass

@@ -13,31 +13,19 @@ A queue can have, in any combination:
 
 Limits live in ``queue_limits``. ``app.limit(...)`` declares them in code and
 every worker writes them at start; ``joblane limits set`` writes them from
-the command line. A limited queue is claimed through ``claim_jobs_limited``
-(one short transaction, see sql/limits.sql); queues without limits keep the
-plain claim, untouched.
-
-``RetryAfter(seconds, pause_queue=True)`` pauses the whole queue: the worker
-that caught it stops claiming from the queue at once and writes
-``queue_pauses``; a limited claim checks the pause in the same statement,
-and workers serving an unlimited queue see it at their next refresh (every
-``refresh_interval`` seconds, 2 by default).
+the command line. This module is the declaration side (``Limit``,
+``make_limit``, ``parse_rate``) and the admin calls; the worker enforces
+limits and pauses through ``joblane.worker.limiter``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import math
-import random
-import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import JoblaneError
-from .lifecycle import retry_delay
-
-log = logging.getLogger("joblane.worker")
+from .rules import check_queue, format_span
 
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
           "h": 3600.0, "hour": 3600.0, "d": 86400.0, "day": 86400.0}
@@ -67,11 +55,11 @@ class Limit:
     def describe(self) -> str:
         parts = []
         if self.max_starts is not None:
-            parts.append(f"{self.max_starts} starts/{_span(self.starts_interval)}")
+            parts.append(f"{self.max_starts} starts/{format_span(self.starts_interval)}")
         if self.concurrency is not None:
             parts.append(f"{self.concurrency} running")
         if self.max_cost is not None:
-            parts.append(f"{self.max_cost:g} cost/{_span(self.cost_interval)} (estimate {self.estimate or '-'},"
+            parts.append(f"{self.max_cost:g} cost/{format_span(self.cost_interval)} (estimate {self.estimate or '-'},"
                          f" default {self.default_estimate:g})")
         if self.per_key is not None:
             parts.append(f"{self.per_key} running per {self.key}")
@@ -80,14 +68,6 @@ class Limit:
 
 def _path(field: str | None) -> list[str] | None:
     return None if field is None else field.split(".")
-
-
-def _span(seconds: float) -> str:
-    for unit, size in (("h", 3600.0), ("min", 60.0)):
-        if seconds >= size and seconds % size == 0:
-            n = seconds / size
-            return unit if n == 1 else f"{n:g}{unit}"
-    return "s" if seconds == 1 else f"{seconds:g}s"
 
 
 def parse_rate(text: str, what: str = "rate") -> tuple[float, float]:
@@ -142,9 +122,7 @@ def make_limit(
     per_key: int | None = None,
 ) -> Limit:
     """Validate the options of ``App.limit`` / ``joblane limits set`` into a Limit."""
-    from .app import _check_queue
-
-    _check_queue(queue)
+    check_queue(queue)
     starts = [(v, s) for v, s in ((per_second, 1.0), (per_minute, 60.0), (per_hour, 3600.0)) if v is not None]
     if rate is not None:
         amount, interval = parse_rate(rate, "rate")
@@ -178,213 +156,3 @@ def make_limit(
         estimate=_check_field("estimate", estimate) if max_cost is not None else None,
         default_estimate=float(default_estimate), key=_check_field("key", key), per_key=per_key,
     )
-
-
-# -- the worker's side -------------------------------------------------------
-
-
-class Limiter:
-    """What a worker needs of limits: which of its queues are limited or paused, and the limited claim.
-
-    ``active`` is False while none of the worker's queues has limits or a
-    pause; the worker then uses its plain claim and never calls in here.
-    """
-
-    def __init__(self, app: Any, queues: list[str], *, wake: Callable[[], None], refresh_interval: float = 2.0):
-        self.app = app
-        self.queues = list(queues)
-        self.refresh_interval = refresh_interval
-        self.limited: set[str] = set()
-        self.active = False
-        self._wake = wake
-        self._paused: dict[str, float] = {}  # queue -> time.monotonic() when the pause ends
-        self._recording: set[str] = set()  # queues whose pause this worker is writing (a refresh keeps them)
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
-        self._turn = 0
-        self._pool: Any = None
-        q = app.queries
-        self._lock_sql = q.lock_queue_limit
-        self._limited_sql = q.claim_jobs_limited
-        self._controls_sql = q.queue_controls
-        self._pause_sql = q.pause_queue
-        self._upsert_sql = q.upsert_queue_limit
-
-    async def start(self, pool: Any, stopping: asyncio.Event) -> None:
-        """Write the app's declared limits and load which queues are limited or paused (before any claim)."""
-        self._pool = pool
-        failures = 0
-        while True:
-            try:
-                async with pool.acquire() as conn:
-                    for limit in self.app.rate_limits.values():
-                        await conn.fetch(self._upsert_sql, *limit.args())
-                    await self._refresh(conn)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                failures += 1
-                if stopping.is_set():
-                    return
-                delay = retry_delay(failures, base=0.2, cap=5.0)
-                log.warning("cannot load queue limits (%s); retrying in %.1fs", _first_line(exc), delay)
-                await asyncio.sleep(delay)
-
-    async def run(self, stopping: asyncio.Event) -> None:
-        """Refresh the limited and paused queues every ``refresh_interval`` seconds (jittered)."""
-        try:
-            await self._refresh_loop(stopping)
-        finally:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-    async def _refresh_loop(self, stopping: asyncio.Event) -> None:
-        while not stopping.is_set():
-            try:
-                await asyncio.wait_for(stopping.wait(), self.refresh_interval * random.uniform(0.8, 1.2))
-                return
-            except asyncio.TimeoutError:
-                pass
-            try:
-                async with self._pool.acquire() as conn:
-                    await self._refresh(conn)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("queue limits refresh failed (%s)", _first_line(exc))
-
-    async def _refresh(self, conn: Any) -> None:
-        rows = await conn.fetch(self._controls_sql, self.queues)
-        now = time.monotonic()
-        self.limited = {r[0] for r in rows if r[1]}
-        paused = {r[0]: now + float(r[2]) for r in rows if not r[1]}
-        for queue in self._recording & self._paused.keys():
-            paused[queue] = max(paused.get(queue, 0.0), self._paused[queue])
-        self._paused = paused
-        self._update()
-        if self._paused:
-            self._wake_at(min(self._paused.values()))
-
-    def _update(self) -> None:
-        self.active = bool(self.limited) or any(q in self.queues for q in self._paused)
-
-    def _wake_at(self, at: float) -> None:
-        """Wake the claim loop at monotonic time ``at`` (keeps only the earliest pending wake-up)."""
-        if at >= self._timer_at and self._timer is not None:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        loop = asyncio.get_running_loop()
-        self._timer_at = at
-        self._timer = loop.call_later(max(0.0, at - time.monotonic()) + 0.002, self._fire)
-
-    def _fire(self) -> None:
-        self._timer = None
-        self._timer_at = math.inf
-        self._wake()
-
-    async def pause(self, queue: str, seconds: float, reason: str | None) -> None:
-        """Pause ``queue`` here at once and for every worker through ``queue_pauses``."""
-        until = time.monotonic() + seconds
-        self._paused[queue] = max(until, self._paused.get(queue, 0.0))
-        self._update()
-        self._wake_at(until)
-        log.warning("queue %s paused for %.1fs: %s", queue, seconds, reason or "RetryAfter(pause_queue=True)")
-        self._recording.add(queue)
-        try:
-            async with self._pool.acquire() as conn:
-                await conn.fetch(self._pause_sql, queue, float(seconds), reason)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("could not record the pause of queue %s (%s); other workers will not see it",
-                        queue, _first_line(exc))
-        finally:
-            self._recording.discard(queue)
-
-    def paused_for(self, queue: str) -> float:
-        """Seconds ``queue`` stays paused, as this worker knows it (0 when it is not paused)."""
-        until = self._paused.get(queue)
-        return max(0.0, until - time.monotonic()) if until is not None else 0.0
-
-    def put_back(self, job: Any, started: Any) -> Any:
-        """The outcome of a job claimed (prefetched) before its queue was paused: pending again
-        at the end of the pause, its attempt not spent."""
-        from .worker.executor import give_back
-
-        outcome = give_back(job, started, f"queue {job.queue} is paused")
-        outcome.delay = self.paused_for(job.queue)
-        return outcome
-
-    async def claim(self, conn: Any, n: int, plain_sql: str, worker: str, lease: float, run_free: int) -> list:
-        """Claim up to ``n`` jobs: the plain claim for unlimited queues, the limited claim for the others.
-
-        A limited queue claims only into the worker's free run slots
-        (``run_free``), never to prefetch: a job that waited locally for a
-        slot would start later than the window it was counted in.
-        """
-        now = time.monotonic()
-        if self._paused:
-            for queue in [q for q, until in self._paused.items() if until <= now]:
-                del self._paused[queue]
-            self._update()
-        plain = [q for q in self.queues if q not in self.limited and q not in self._paused]
-        groups: list[str | None] = [q for q in self.queues if q in self.limited and q not in self._paused]
-        if plain:
-            groups.append(None)
-        if self._paused:
-            self._wake_at(min(self._paused.values()))
-        if not groups:
-            return []
-        # take turns at going first, so a busy group cannot starve the others
-        self._turn = (self._turn + 1) % len(groups)
-        groups = groups[self._turn:] + groups[:self._turn]
-        rows: list = []
-        for group in groups:
-            if group is None:
-                want = n - len(rows)
-                if want > 0:
-                    rows.extend(await conn.fetch(plain_sql, plain, want, worker, lease))
-            else:
-                want = min(n, run_free) - len(rows)
-                if want > 0:
-                    rows.extend(await self._claim_limited(conn, group, want, worker, lease))
-        return rows
-
-    async def _claim_limited(self, conn: Any, queue: str, n: int, worker: str, lease: float) -> list:
-        async with conn.transaction():
-            await conn.fetch(self._lock_sql, queue)
-            result = await conn.fetch(self._limited_sql, queue, n, worker, lease)
-        rows = [r for r in result if r[0] is not None]
-        retry_in = result[0]["retry_in"] if result else None
-        if len(rows) < n and retry_in is not None and retry_in > 0:
-            self._wake_at(time.monotonic() + retry_in)
-        return rows
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-# -- admin calls (joblane.admin holds them) ----------------------------------
-
-
-def status(app: Any, conn: Any = None) -> list[dict[str, Any]]:
-    from .admin import limits
-
-    return limits(app, conn)
-
-
-def save(app: Any, limit: Limit, conn: Any = None) -> None:
-    from .admin import save_limit
-
-    save_limit(app, limit, conn)
-
-
-def remove(app: Any, queue: str, conn: Any = None) -> bool:
-    from .admin import remove_limit
-
-    return remove_limit(app, queue, conn)

@@ -13,15 +13,17 @@ import inspect
 import json
 from typing import Any, Callable
 
+from . import store
 from .errors import JoblaneError
+from .store import Store
 
 
 class Steps:
     """The step store of one try of one job; the worker attaches it to ``Job``."""
 
-    def __init__(self, pool: Any, queries: Any, job_id: int, attempt: int, loop: asyncio.AbstractEventLoop):
+    def __init__(self, pool: Any, store: Store, job_id: int, attempt: int, loop: asyncio.AbstractEventLoop):
         self._pool = pool
-        self._queries = queries
+        self._store = store
         self._job_id = job_id
         self._attempt = attempt
         self._loop = loop
@@ -30,9 +32,12 @@ class Steps:
 
     async def _load(self) -> dict[str, Any]:
         if self._done is None:
-            rows = await self._pool.fetch(self._queries.job_steps, self._job_id)
+            rows = await store.records(self._pool, self._store.job_steps(self._job_id))
             self._done = {name: (json.loads(result) if result is not None else None) for name, result in rows}
         return self._done
+
+    async def _save(self, name: str, text: str) -> None:
+        await store.run(self._pool, self._store.save_step(self._job_id, name, self._attempt, text))
 
     async def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if not isinstance(name, str) or not name or len(name) > 200:
@@ -48,7 +53,7 @@ class Steps:
             text = json.dumps(value, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
             raise JoblaneError(f"step {name!r} returned a value that is not JSON-serialisable: {exc}") from None
-        await self._pool.execute(self._queries.save_step, self._job_id, name, self._attempt, text)
+        await self._save(name, text)
         done[name] = json.loads(text)  # what a retry will see
         return done[name]
 
@@ -69,8 +74,6 @@ class Steps:
             text = json.dumps(value, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
             raise JoblaneError(f"step {name!r} returned a value that is not JSON-serialisable: {exc}") from None
-        asyncio.run_coroutine_threadsafe(
-            self._pool.execute(self._queries.save_step, self._job_id, name, self._attempt, text), self._loop
-        ).result()
+        asyncio.run_coroutine_threadsafe(self._save(name, text), self._loop).result()
         done[name] = json.loads(text)
         return done[name]

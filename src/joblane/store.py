@@ -93,14 +93,8 @@ def is_asyncpg(conn: Any) -> bool:
 # -- runners -----------------------------------------------------------------------
 
 
-def _legacy(stmt: Any, args: Sequence[Any] | None) -> Statement:
-    # transition: callers still passing (sql, args) until every one goes through Store
-    return stmt if isinstance(stmt, Statement) else Statement("", stmt, tuple(args or ()))
-
-
-def fetch(conn: Any, stmt: Statement, args: Sequence[Any] | None = None) -> list[tuple]:
+def fetch(conn: Any, stmt: Statement) -> list[tuple]:
     """Run ``stmt`` on a sync psycopg connection (or a wrapper of one); every row as a tuple."""
-    stmt = _legacy(stmt, args)
     raw = _unwrap(conn)
     if not isinstance(raw, psycopg.Connection):
         raise JoblaneError(
@@ -112,9 +106,8 @@ def fetch(conn: Any, stmt: Statement, args: Sequence[Any] | None = None) -> list
         return cur.fetchall() if cur.description is not None else []
 
 
-async def fetch_async(conn: Any, stmt: Statement, args: Sequence[Any] | None = None) -> list[tuple]:
+async def fetch_async(conn: Any, stmt: Statement) -> list[tuple]:
     """Run ``stmt`` on a psycopg AsyncConnection or an asyncpg connection; every row as a tuple."""
-    stmt = _legacy(stmt, args)
     raw = await _unwrap_async(conn)
     if isinstance(raw, psycopg.AsyncConnection):
         async with psycopg.AsyncRawCursor(raw) as cur:

@@ -78,9 +78,14 @@ class Job:
         self.meta["settled_cost"] = cost
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Outcome:
-    """What became of one try; the completer writes many of these at once."""
+    """What became of one try; the completer writes many of these at once.
+
+    Built by one of the named constructors below, one per final state of a
+    try, and never changed afterwards. ``started_at``/``finished_at`` are
+    epoch seconds (``time.time()``); ``result`` and ``meta`` are JSON text.
+    """
 
     job_id: int
     attempt: int
@@ -94,6 +99,63 @@ class Outcome:
     finished_at: float | None = None
     meta: str | None = None  # JSON text
     pause: float = 0.0  # seconds to pause the job's queue (RetryAfter(pause_queue=True))
+
+    @classmethod
+    def done(cls, job_id: int, attempt: int, *, result: str | None = None, started_at: float | None = None,
+             finished_at: float | None = None, meta: str | None = None) -> Outcome:
+        """The task returned: ``done``, with its return value as JSON text (or None)."""
+        return cls(job_id, attempt, DONE, OUTCOME_DONE, result=result, started_at=started_at,
+                   finished_at=finished_at, meta=meta)
+
+    @classmethod
+    def retry(cls, job_id: int, attempt: int, *, error: str, delay: float, started_at: float | None = None,
+              finished_at: float | None = None, meta: str | None = None) -> Outcome:
+        """A transient error: ``pending`` again in ``delay`` seconds; the attempt is spent."""
+        return cls(job_id, attempt, PENDING, OUTCOME_RETRY, error=error, delay=delay, started_at=started_at,
+                   finished_at=finished_at, meta=meta)
+
+    @classmethod
+    def snooze(cls, job_id: int, attempt: int, *, error: str, delay: float, pause: float = 0.0,
+               started_at: float | None = None, finished_at: float | None = None,
+               meta: str | None = None) -> Outcome:
+        """``RetryAfter``: ``pending`` again in ``delay`` seconds, the attempt refunded;
+        ``pause`` > 0 pauses the job's whole queue that long."""
+        return cls(job_id, attempt, PENDING, OUTCOME_SNOOZED, error=error, delay=delay, refund=1,
+                   started_at=started_at, finished_at=finished_at, meta=meta, pause=pause)
+
+    @classmethod
+    def give_back(cls, job_id: int, attempt: int, *, reason: str, delay: float = 0.0,
+                  started_at: float | None = None, finished_at: float | None = None,
+                  meta: str | None = None) -> Outcome:
+        """A try the worker did not run or finish (shutdown, a paused queue): a snooze of
+        ``delay`` seconds with the attempt refunded."""
+        return cls.snooze(job_id, attempt, error=reason, delay=delay, started_at=started_at,
+                          finished_at=finished_at, meta=meta)
+
+    @classmethod
+    def fail(cls, job_id: int, attempt: int, *, error: str, started_at: float | None = None,
+             finished_at: float | None = None, meta: str | None = None) -> Outcome:
+        """``PermanentError`` or a spent budget: ``failed``, whatever attempts are left."""
+        return cls(job_id, attempt, FAILED, OUTCOME_FAILED, error=error, started_at=started_at,
+                   finished_at=finished_at, meta=meta)
+
+    @classmethod
+    def hold(cls, job_id: int, attempt: int, *, error: str, data: str | None = None,
+             started_at: float | None = None, finished_at: float | None = None,
+             meta: str | None = None) -> Outcome:
+        """``Hold``: ``held`` until a person releases or rejects it; ``data`` (JSON text) is kept as its result."""
+        return cls(job_id, attempt, HELD, OUTCOME_HELD, error=error, result=data, started_at=started_at,
+                   finished_at=finished_at, meta=meta)
+
+    @classmethod
+    def lost(cls, job_id: int, attempt: int, *, error: str, spent: bool, started_at: float | None = None,
+             finished_at: float | None = None, meta: str | None = None) -> Outcome:
+        """A try whose worker was lost: ``pending`` again, or ``failed`` when the budget is ``spent``.
+
+        (The rescuer writes these itself in ``rescue_expired``; this is the same outcome as a value.)
+        """
+        return cls(job_id, attempt, FAILED if spent else PENDING, OUTCOME_LOST, error=error,
+                   started_at=started_at, finished_at=finished_at, meta=meta)
 
 
 @dataclass

@@ -11,6 +11,7 @@ database must agree with it and hold the structural invariants.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -102,7 +103,7 @@ class JobStateMachine(RuleBasedStateMachine):
         self.conn.close()
 
     def sql(self, name: str, args: list) -> list[tuple]:
-        return store.fetch(self.conn, getattr(self.q, name), args)
+        return store.fetch(self.conn, store.Statement(name, getattr(self.q, name), tuple(args)))
 
     def ids(self, *states: str) -> list[int]:
         return sorted(i for i, m in self.jobs.items() if not states or m.state in states)
@@ -155,7 +156,7 @@ class JobStateMachine(RuleBasedStateMachine):
             outcome = self.loop.run_until_complete(execute(self.app.tasks[behaviour], job, None))
         writer = m.owner if m.owner else "w1"
         if stale == "attempt":
-            outcome.attempt -= 1
+            outcome = dataclasses.replace(outcome, attempt=outcome.attempt - 1)  # an outcome of an older try
         elif stale == "worker":
             writer = "someone-else"
         applied = [r[0] for r in self.sql("complete_jobs", [outcome_rows([outcome]), writer])]

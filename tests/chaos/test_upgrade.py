@@ -45,9 +45,8 @@ def test_jobs_in_flight_survive_a_migration_to_the_latest_version(joblane_dsn):
 
         # the surviving old worker reports its results through today's completion query
         at = time.time()
-        finished = [Outcome(job_id=i, attempt=1, state="done", outcome="done", started_at=at, finished_at=at)
-                    for i in alive]
-        applied = store.fetch(conn, app.queries.complete_jobs, [store.outcome_rows(finished), "old-alive"])
+        finished = [Outcome.done(i, 1, started_at=at, finished_at=at) for i in alive]
+        applied = store.fetch(conn, app.store.complete_jobs(store.outcome_rows(finished), "old-alive"))
         assert sorted(r[0] for r in applied) == sorted(alive)
         asyncio.run(drain(app, lease_seconds=2, rescue_interval=0.2))  # rescues the dead worker's jobs, runs the rest
         states = dict(conn.execute(f"SELECT id, state FROM {jobs}").fetchall())

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 import joblane
-from joblane.periodic import Scheduler
+from joblane.maintenance import Scheduler
 from joblane.testing import drain
 from joblane.worker import Worker
 

@@ -167,7 +167,7 @@ async def test_a_failed_row_holds_its_key_until_retried(app, conn, joblane_dsn, 
         assert (await r.run_once()).claimed == 0, "rows behind a failed row wait"
         assert [a for _, _, a, *_ in outbox_rows(conn, app)] == [1, 0, 0, 1], "released rows keep their attempts"
         receiver.respond = lambda req: (200, {}, b"")
-        assert joblane.outbox.admin.retry(app, ids=[ids[0]]) == [ids[0]]
+        assert app.retry_outbox(ids=[ids[0]]) == [ids[0]]
         await r.run_once()
     assert [s for _, s, *_ in outbox_rows(conn, app)] == ["sent"] * 4
     seqs = [q.json["seq"] for q in receiver.posts()]

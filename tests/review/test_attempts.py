@@ -7,10 +7,10 @@ import io
 import json
 
 import joblane
-from joblane import store
 from joblane.testing import drain
 
 from .helpers import cli_json, rows, run_cli
+from ..helpers import run_sql
 
 
 async def _two_models(app, conn) -> list[int]:
@@ -115,7 +115,7 @@ def test_export_and_filters_use_the_indexes(app, conn):
         # the export runs as a cursor, planned to return its first rows early: explain exactly that
         args = [kind, None, outcome, model, since, None]
         sql = "EXPLAIN DECLARE export CURSOR FOR " + app.queries.export_attempts
-        return "\n".join(r[0] for r in store.fetch(conn, sql, args))
+        return "\n".join(r[0] for r in run_sql(conn, sql, args))
 
     since = conn.execute("SELECT now() - interval '24 hours'").fetchone()[0]
     text = plan(kind="classify", since=since)
@@ -125,6 +125,6 @@ def test_export_and_filters_use_the_indexes(app, conn):
     assert "attempts_model" in text and "Seq Scan on attempts" not in text, text
     text = plan(outcome="retry", since=since)
     assert "attempts_outcome" in text and "Seq Scan on attempts" not in text, text
-    listed = "\n".join(r[0] for r in store.fetch(conn, "EXPLAIN " + app.queries.list_attempts,
+    listed = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + app.queries.list_attempts,
                                                  [None, None, None, "m3", None, None, None, None, 50]))
     assert "Seq Scan on attempts" not in listed, listed

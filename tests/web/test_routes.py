@@ -9,13 +9,13 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from joblane import store
 from joblane.cli import main
 from joblane.web import create_app
 from joblane.web.security import bind_problem
 
 from ..conftest import table
 from .conftest import LOCAL, csrf_of
+from ..helpers import run_sql
 
 XSS = "<script>alert('pwned')</script>"
 
@@ -283,7 +283,7 @@ def test_overview_queries_read_indexes_not_the_table(app, conn):
                        ("dashboard_list_jobs", ["failed", None, None, None, None, None, 51]),
                        ("dashboard_list_jobs", ["held", None, None, None, None, None, 51])):
         # bound parameters on an unnamed statement: planned with their values, as the dashboard runs it
-        plan = "\n".join(r[0] for r in store.fetch(conn, "EXPLAIN " + getattr(q, name), args))
+        plan = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + getattr(q, name), args))
         assert not re.search(r"Seq Scan on jobs", plan), f"{name} scans the table:\n{plan}"
 
 

@@ -90,8 +90,7 @@ def app_from_context(ctx: click.Context, spec: str | None = None) -> App:
     if spec:
         app = load_app(spec)
         if ctx.obj["dsn"]:
-            # --database-url wins over the App's own; App has no public setter for it (yet)
-            app._dsn = ctx.obj["dsn"]
+            app.dsn = ctx.obj["dsn"]  # --database-url wins over the App's own
         return app
     try:
         return App(ctx.obj["dsn"], schema=ctx.obj["schema"])

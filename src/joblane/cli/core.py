@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from .. import rules, store
+from .. import rules
 from ..app import App
 from ..types import JOB_STATES
 from .common import (Fail, app_from_context, console, emit_json, needs_extra, parse_ids, report_changes,
@@ -181,12 +181,6 @@ def _skipped(app: App, asked: list[int] | None, done: list[int]) -> dict[int, st
     return {i: states.get(i, "missing") for i in rest}
 
 
-def _retry_every_failed_job(app: App) -> list[int]:
-    # App.retry wants ids or a filter; --all-failed is the named query with neither
-    with app.connect() as conn:
-        return sorted(r[0] for r in store.fetch(conn, app.queries.retry_jobs, [None, None, None, "failed"]))
-
-
 @click.command()
 @click.argument("job_ids", nargs=-1)
 @click.option("--kind", help="Retry every failed job of this kind.")
@@ -202,10 +196,7 @@ def retry(ctx: click.Context, job_ids, kind, queue, all_failed, as_json) -> None
     if ids is not None and (kind or queue or all_failed):
         raise Fail("give either job ids or a filter, not both")
     app = app_from_context(ctx)
-    if all_failed and not (kind or queue):
-        done = run_or_fail(lambda: _retry_every_failed_job(app))
-    else:
-        done = run_or_fail(lambda: app.retry(ids=ids, kind=kind, queue=queue))
+    done = run_or_fail(lambda: app.retry(ids=ids, kind=kind, queue=queue, all_failed=all_failed))
     report_changes("retried", "job", done, _skipped(app, ids, done), as_json)
 
 

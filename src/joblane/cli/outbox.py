@@ -9,7 +9,7 @@ import json
 import click
 from rich.table import Table
 
-from ..outbox import admin
+from .. import admin
 from .common import (Fail, app_from_context, console, emit_json, parse_ids, report_changes, run_or_fail,
                      setup_logging, show_time)
 
@@ -59,7 +59,7 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
-    rows = run_or_fail(lambda: admin.list_messages(app, state=state, topic=topic, before_id=before_id, limit=limit))
+    rows = run_or_fail(lambda: admin.outbox_messages(app, state=state, topic=topic, before_id=before_id, limit=limit))
     if as_json:
         emit_json(rows)
         return
@@ -82,7 +82,7 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
 def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
     """One outbox message with its payload and headers."""
     app = app_from_context(ctx)
-    row = run_or_fail(lambda: admin.get_message(app, message_id))
+    row = run_or_fail(lambda: admin.outbox_message(app, message_id))
     if row is None:
         raise Fail(f"no outbox message {message_id} in schema {app.schema}")
     if as_json:
@@ -114,11 +114,11 @@ def outbox_retry(ctx: click.Context, message_ids, topic, all_failed, attempts, a
     if ids and (topic or all_failed):
         raise Fail("give either message ids or a filter, not both")
     app = app_from_context(ctx)
-    done = run_or_fail(lambda: admin.retry(app, ids=ids or None, topic=topic, all_failed=all_failed,
+    done = run_or_fail(lambda: app.retry_outbox(ids=ids or None, topic=topic, all_failed=all_failed,
                                            attempts=attempts))
     skipped = {}
     for i in (i for i in ids if i not in set(done)):
-        row = run_or_fail(lambda: admin.get_message(app, i))
+        row = run_or_fail(lambda: admin.outbox_message(app, i))
         skipped[i] = "missing" if row is None else row["state"]
     report_changes("retried", "message", done, skipped, as_json)
 

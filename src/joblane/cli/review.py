@@ -13,7 +13,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from .. import ratelimit, review, rules
+from .. import admin, ratelimit, rules
 from ..types import JOB_STATES
 from .common import Fail, app_from_context, console, emit_json, jsonable, run_or_fail, show_time
 
@@ -31,7 +31,7 @@ def _text(value: Any, width: int | None = None) -> str:
 
 
 def _patch(sets: tuple[str, ...]) -> dict[str, Any] | None:
-    return run_or_fail(lambda: review.parse_sets(sets)) if sets else None
+    return run_or_fail(lambda: admin.parse_sets(sets)) if sets else None
 
 
 _SET_HELP = "Set a payload field: key=value (value read as JSON when it parses, else text); repeatable."
@@ -150,7 +150,7 @@ def replay(ctx: click.Context, job_ids, kind, queue, states, since, until, sets,
 
 # -- the attempt audit trail ---------------------------------------------------
 
-_OUTCOMES = click.Choice(review.OUTCOMES)
+_OUTCOMES = click.Choice(admin.OUTCOMES)
 
 
 @click.group(invoke_without_command=True)
@@ -265,7 +265,7 @@ def limits(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
-    rows = run_or_fail(lambda: ratelimit.status(app))
+    rows = run_or_fail(lambda: admin.limits(app))
     if as_json:
         emit_json(rows)
         return
@@ -317,7 +317,7 @@ def limits_set(ctx: click.Context, queue, rate, concurrency, cost, estimate, def
     limit = run_or_fail(lambda: ratelimit.make_limit(queue, rate=rate, concurrency=concurrency, cost=cost,
                                                      estimate=estimate, default_estimate=default_estimate, key=key,
                                                      per_key=per_key))
-    run_or_fail(lambda: ratelimit.save(app, limit))
+    run_or_fail(lambda: admin.save_limit(app, limit))
     if as_json:
         emit_json({"queue": queue, "limit": limit.describe()})
     else:
@@ -330,7 +330,7 @@ def limits_set(ctx: click.Context, queue, rate, concurrency, cost, estimate, def
 def limits_clear(ctx: click.Context, queue) -> None:
     """Remove the limits of QUEUE (its jobs go back to the plain claim)."""
     app = app_from_context(ctx)
-    if not run_or_fail(lambda: ratelimit.remove(app, queue)):
+    if not run_or_fail(lambda: admin.remove_limit(app, queue)):
         raise Fail(f"queue {queue!r} has no limits (see `joblane limits`)")
     console.print(f"queue {escape(queue)}: limits removed")
 

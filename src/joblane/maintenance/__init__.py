@@ -1,7 +1,11 @@
-"""Background services that keep the tables healthy; each runs in every worker, one at a time cluster-wide."""
+"""Background services that keep the tables healthy, in one shape (``Service``): validated config,
+``run_once()`` returning what it did, a jittered loop. Each runs in every worker (the outbox pruner in
+every relay), one at a time cluster-wide."""
 
-from .service import Service
-from .rescuer import Rescuer
+from .outbox_pruner import OutboxPruner
 from .pruner import Pruner
+from .rescuer import Rescuer
+from .scheduler import Scheduler
+from .service import Service
 
-__all__ = ["Pruner", "Rescuer", "Service"]
+__all__ = ["OutboxPruner", "Pruner", "Rescuer", "Scheduler", "Service"]

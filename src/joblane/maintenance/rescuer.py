@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..store import Store
 from .service import Service
 
 
 class Rescuer(Service):
     name = "rescuer"
 
-    def __init__(self, queries, schema: str, *, interval: float = 10.0, batch: int = 1000, **kw):
-        super().__init__(queries, schema, interval=interval, **kw)
+    def __init__(self, store: Store, *, interval: float = 10.0, batch: int = 1000, **kw: Any):
+        super().__init__(store, interval=interval, **kw)
         if batch < 1:
             raise ValueError("rescuer: batch must be at least 1")
         self.batch = batch
 
-    async def _work(self, conn) -> list[tuple[int, str]]:
-        rescued: list[tuple[int, str]] = []
-        while True:
-            rows = await conn.fetch(self.queries.rescue_expired, self.batch)
-            rescued.extend((r[0], r[1]) for r in rows)
-            if len(rows) < self.batch:
-                return rescued
+    async def _work(self, conn: Any) -> list[tuple[int, str]]:
+        """(id, new state) of every job rescued."""
+        rows = await self._batches(conn, self.store.rescue_expired(self.batch), self.batch)
+        return [(r[0], r[1]) for r in rows]

@@ -7,60 +7,85 @@ import logging
 import random
 from typing import Any
 
+from .. import store
+from ..lifecycle import sleep_unless
 from ..migrations import lock_key
-
-log = logging.getLogger("joblane.maintenance")
+from ..rules import first_line
+from ..store import Statement, Store
 
 
 class Service:
-    """Subclasses set ``name`` and implement ``_work(conn)``.
+    """Subclasses set ``name`` and implement ``_work(conn)``, which returns what the round did.
 
     ``run_once(conn)`` takes a transaction-scoped advisory lock for
     (schema, name): when another process holds it the call returns None
     at once, so however many workers run, one does the work at a time.
+    ``run(pool, stopping)`` calls it every ``interval`` seconds, +-``jitter``.
     """
 
     name = "service"
+    log = logging.getLogger("joblane.maintenance")
 
-    def __init__(self, queries: Any, schema: str, *, interval: float, jitter: float = 0.2):
+    def __init__(self, store: Store, *, interval: float, jitter: float = 0.2):
         if interval <= 0:
             raise ValueError(f"{self.name}: interval must be positive")
         if not 0 <= jitter < 1:
             raise ValueError(f"{self.name}: jitter must be in [0, 1)")
-        self.queries = queries
-        self.schema = schema
+        self.store = store
         self.interval = interval
         self.jitter = jitter
-        self.lock = lock_key(schema, self.name)
+        self.lock = lock_key(store.schema, self.name)
         self.runs = 0
         self.total = 0
 
-    async def run_once(self, conn) -> list | None:
+    async def run_once(self, conn: Any) -> list | None:
         """Do one round on an asyncpg connection; None when another process holds the lock."""
         async with conn.transaction():
-            if not await conn.fetchval(self.queries.try_service_lock, self.lock):
+            if not await store.value(conn, self.store.try_service_lock(self.lock)):
                 return None
             done = await self._work(conn)
         self.runs += 1
         self.total += len(done)
         return done
 
-    async def _work(self, conn) -> list:
+    async def _work(self, conn: Any) -> list:
         raise NotImplementedError
 
-    async def run(self, pool, stopping: asyncio.Event) -> None:
+    async def _batches(self, conn: Any, stmt: Statement, batch: int, max_batches: int | None = None) -> list:
+        """The rows of ``stmt`` (which handles at most ``batch`` rows a time) run until it handles fewer,
+        or ``max_batches`` times."""
+        rows: list = []
+        runs = 0
+        while max_batches is None or runs < max_batches:
+            got = await store.records(conn, stmt)
+            rows.extend(got)
+            runs += 1
+            if len(got) < batch:
+                break
+        return rows
+
+    def starting(self) -> None:
+        """Called once before the first round (a log line, say)."""
+
+    def report(self, done: list) -> None:
+        """Log what a round did."""
+        if done:
+            self.log.info("%s: %d rows", self.name, len(done))
+
+    def next_delay(self) -> float:
+        """Seconds until the next round."""
+        return self.interval * random.uniform(1 - self.jitter, 1 + self.jitter)
+
+    async def run(self, pool: Any, stopping: asyncio.Event) -> None:
+        self.starting()
         while not stopping.is_set():
             try:
                 async with pool.acquire() as conn:
                     done = await self.run_once(conn)
                 if done:
-                    log.info("%s: %d rows", self.name, len(done))
+                    self.report(done)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("%s: %s", self.name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            delay = self.interval * random.uniform(1 - self.jitter, 1 + self.jitter)
-            try:
-                await asyncio.wait_for(stopping.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
+                self.log.warning("%s: %s", self.name, first_line(exc))
+            await sleep_unless(stopping, self.next_delay())

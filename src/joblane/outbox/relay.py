@@ -33,11 +33,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import asyncpg
 
-from .. import telemetry
+from .. import store, telemetry
 from ..errors import JoblaneError
 from ..lifecycle import GracefulSignals, retry_delay, sleep_unless
-from ..maintenance.service import Service
+from ..maintenance import OutboxPruner
 from ..migrations import check_async
+from ..notifier import Notifier
+from ..rules import bounded_delay, bounded_text
 from .message import Delivery, Message, describe
 from .publish import channel
 from .routes import Route, route_for
@@ -47,8 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("joblane.outbox")
 
-ERROR_LIMIT = 2000
-MAX_RETRY_AFTER = 86400.0
+MAX_RETRY_AFTER = 86400.0  # the longest Retry-After a destination may ask for
 SENT, RETRY, FAILED, RELEASED = "sent", "retry", "failed", "released"
 
 
@@ -76,28 +77,6 @@ class _Outcome:
     outcome: str
     delay: float = 0.0
     error: str | None = None
-
-
-class OutboxPruner(Service):
-    """Delete rows sent longer ago than the retention; one relay at a time does it."""
-
-    name = "outbox-pruner"
-
-    def __init__(self, queries, schema: str, *, retention: float, interval: float = 60.0, batch: int = 5000, **kw):
-        super().__init__(queries, schema, interval=interval, **kw)
-        if retention < 0:
-            raise ValueError("outbox pruner: retention must be >= 0 seconds")
-        self.retention = float(retention)
-        self.batch = batch
-
-    async def _work(self, conn) -> list[int]:
-        pruned: list[int] = []
-        for _ in range(20):
-            rows = await conn.fetch(self.queries.prune_outbox, self.retention, self.batch)
-            pruned.extend(r[0] for r in rows)
-            if len(rows) < self.batch:
-                break
-        return pruned
 
 
 class Relay:
@@ -163,7 +142,8 @@ class Relay:
         self.connect_timeout = float(connect_timeout)
         self.application_name = f"joblane relay {os.getpid()}"
         self.stats: Counter[str] = Counter()
-        self.pruner = OutboxPruner(app.queries, app.schema, retention=retention_seconds, interval=prune_interval)
+        self.store = app.store
+        self.pruner = OutboxPruner(self.store, retention=retention_seconds, interval=prune_interval)
         self._prefixes = [r.prefix for r in routes]
         self._ordered = [r.ordered for r in routes]
         self._sinks = list({id(r.sink): r.sink for r in routes}.values())
@@ -238,8 +218,8 @@ class Relay:
             await self.start()
         result = RelayResult()
         async with self._pool.acquire() as conn:
-            rows = await conn.fetch(self.app.queries.claim_outbox, limit or self.batch_size, self._prefixes,
-                                    self._ordered, self.name, self.lease_seconds)
+            rows = await store.records(conn, self.store.claim_outbox(limit or self.batch_size, self._prefixes,
+                                                                     self._ordered, self.name, self.lease_seconds))
         if not rows:
             return result
         result.claimed = len(rows)
@@ -365,16 +345,15 @@ class Relay:
             return _Outcome(m, SENT, error=_FOUND if d is _FOUND_DELIVERY else None)
         # A destination's error text (a response body) may hold NUL or undecodable bytes, which
         # PostgreSQL refuses: one such row would keep its whole batch from being recorded.
-        error = (d.error or "delivery failed").replace("\x00", "\\0").encode("utf-8", "replace").decode()
-        error = error[:ERROR_LIMIT]
+        error = bounded_text(d.error or "delivery failed")
         if d.permanent:
             return _Outcome(m, FAILED, error=error)
         if m.attempt >= (budget or route.max_attempts):
-            return _Outcome(m, FAILED, error=f"gave up after {m.attempt} attempts: {error}"[:ERROR_LIMIT])
+            return _Outcome(m, FAILED, error=bounded_text(f"gave up after {m.attempt} attempts: {error}"))
         if d.retry_after is not None:
-            delay = min(MAX_RETRY_AFTER, max(0.0, d.retry_after))
+            delay = min(MAX_RETRY_AFTER, bounded_delay(d.retry_after))
         else:
-            delay = max(0.0, float(route.backoff(m.attempt)))
+            delay = bounded_delay(route.backoff(m.attempt))
         return _Outcome(m, RETRY, delay=delay, error=error)
 
     async def _finish(self, outcomes: list[_Outcome]) -> set[int]:
@@ -388,7 +367,7 @@ class Relay:
         for attempt in range(4):
             try:
                 async with self._pool.acquire() as conn:
-                    rows = await conn.fetch(self.app.queries.finish_outbox, *cols, self.name)
+                    rows = await store.records(conn, self.store.finish_outbox(*cols, self.name))
                 return {r[0] for r in rows}
             except asyncio.CancelledError:
                 raise
@@ -405,7 +384,7 @@ class Relay:
             await asyncio.sleep(self.heartbeat_seconds)
             try:
                 async with self._pool.acquire() as conn:
-                    await conn.fetch(self.app.queries.extend_outbox_leases, ids, self.name, self.lease_seconds)
+                    await store.run(conn, self.store.extend_outbox_leases(ids, self.name, self.lease_seconds))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -444,8 +423,6 @@ class Relay:
 
     async def run(self, *, install_signals: bool = True) -> Counter[str]:
         """Relay until ``request_stop()`` or SIGTERM/SIGINT; returns counts of what was done."""
-        from ..worker.notifier import Notifier
-
         loop = asyncio.get_running_loop()
         if install_signals:
             GracefulSignals(self.request_stop, log,

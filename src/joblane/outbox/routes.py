@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import JoblaneError
+from ..rules import exponential_backoff
 from .sinks.base import Sink
 
 DEFAULT_MAX_ATTEMPTS = 25
@@ -13,8 +14,6 @@ DEFAULT_MAX_ATTEMPTS = 25
 
 def outbox_backoff(attempt: int) -> float:
     """Delay before try ``attempt + 1``: 1 s doubling to a 10-minute cap, with +-25 % jitter."""
-    from ..app import exponential_backoff
-
     return exponential_backoff(base=1.0, cap=600.0)(attempt)
 
 
@@ -52,8 +51,6 @@ def make_route(
     elif callable(backoff):
         backoff_fn = backoff
     else:
-        from ..app import exponential_backoff
-
         backoff_fn = exponential_backoff(base=float(backoff), cap=600.0)
     route = Route(topic_prefix, sink, bool(ordered), max_attempts, backoff_fn)
     routes.append(route)

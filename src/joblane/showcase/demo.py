@@ -180,7 +180,7 @@ def _reset_schema(dsn: str, schema: str) -> None:
     except psycopg.OperationalError as exc:
         raise DemoError(f"cannot connect to the database: {first_line(exc)}") from None
     with conn:
-        found = store.fetch(conn, queries_for(schema).demo_schema_note, [schema])
+        found = store.fetch(conn, store.Statement("demo_schema_note", queries_for(schema).demo_schema_note, (schema,)))
         if found:
             if found[0][0] != SCHEMA_NOTE:
                 raise DemoError(f"schema {schema!r} exists and the demo did not make it: "
@@ -254,7 +254,7 @@ class Demo:
             console.print(f"[dim]{self.elapsed():6.1f}s[/dim] {text}", highlight=False)
 
     async def query(self, name: str, *args: Any) -> list[tuple]:
-        return await store.fetch_async(self._conn, getattr(queries_for(self.schema), name), list(args))
+        return await store.fetch_async(self._conn, store.Statement(name, getattr(queries_for(self.schema), name), args))
 
     def spawn(self, name: str, *args: str) -> Child:
         child = Child(name, list(args), self.env, self.cwd, self.run_dir)

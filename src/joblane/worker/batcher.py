@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable, Generic, TypeVar
+from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 from ..lifecycle import retry_delay
+from ..rules import first_line
 
 T = TypeVar("T")
 log = logging.getLogger("joblane.worker")
@@ -24,7 +25,7 @@ class Batcher(Generic[T]):
 
     def __init__(
         self,
-        flush: Callable[[list[T]], Awaitable[None]],
+        flush: Callable[[list[T]], Awaitable[Any]],
         *,
         max_size: int = 500,
         max_wait: float = 0.002,
@@ -96,7 +97,7 @@ class Batcher(Generic[T]):
                 self._items[0:0] = batch
                 delay = retry_delay(failures, base=0.05, cap=5.0, jitter=0.2)
                 log.warning("%s: writing %d items failed (%s); retrying in %.2fs", self.name, len(batch),
-                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__, delay)
+                            first_line(exc), delay)
                 await asyncio.sleep(delay)
             else:
                 failures = 0

@@ -1,8 +1,11 @@
-"""Worker lifecycle: connections, the claim loop, heartbeats, maintenance, signals, shutdown.
+"""The Worker: configuration, connecting, signals, shutdown, heartbeats and the wiring of its pieces.
 
-Data flows one way: the claim loop leases jobs and starts an executor per
-job; each executor returns an Outcome; the completer writes outcomes in
-bulk. No transaction is open while a task runs.
+Data flows one way: the producer (producer.py) leases jobs and the worker
+starts an executor (executor.py) per job; each executor returns an Outcome;
+the completer (completer.py) writes outcomes in bulk. No transaction is
+open while a task runs. Queue limits and pauses are the limiter's
+(limiter.py); the maintenance services (rescuer, pruner, scheduler) and the
+notifier run beside them.
 """
 
 from __future__ import annotations
@@ -15,33 +18,28 @@ import socket
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import asyncpg
 
-from .. import telemetry
-from ..app import App
+from .. import store, telemetry
 from ..errors import JoblaneError, SchemaVersionError
 from ..lifecycle import GracefulSignals, retry_delay, sleep_unless
-from ..maintenance import Pruner, Rescuer
+from ..maintenance import Pruner, Rescuer, Scheduler
 from ..migrations import check_async
-from ..ratelimit import Limiter
+from ..notifier import Notifier
+from ..rules import check_queue, first_line
 from ..steps import Steps
-from ..store import outcome_rows
 from ..types import Job, Outcome
-from .batcher import Batcher
+from .completer import Completer
 from .executor import execute, give_back, now
-from .notifier import Notifier
+from .limiter import Limiter
+from .producer import Producer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..app import App
 
 log = logging.getLogger("joblane.worker")
-
-
-def _claim_order(row) -> tuple[int, int]:
-    return row[6], row[0]  # priority, then id (age)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Worker:
@@ -85,11 +83,7 @@ class Worker:
         # how long a starting worker waits for an unreachable database before it exits
         self.connect_timeout = float(connect_timeout)
         self.app = app
-        self.queues = [q for q in (queues or app.queues())]
-        for q in self.queues:
-            from ..app import _check_queue
-
-            _check_queue(q)
+        self.queues = [check_queue(q) for q in (queues or app.queues())]
         self.concurrency = concurrency
         # Jobs claimed ahead of free slots wait (leased, heartbeated) for one, so
         # the next claim's round trip overlaps the running tasks. Given back on
@@ -113,36 +107,34 @@ class Worker:
         # shown in pg_stat_activity, so an operator can tell whose connection is whose
         self.application_name = f"joblane worker {os.getpid()}"
 
-        q = app.queries
-        self._claim_sql = q.claim_jobs
-        self._complete_sql = q.complete_jobs
-        self._extend_sql = q.extend_leases
-        self.completer: Batcher[Outcome] = Batcher(
-            self._write_outcomes, max_size=flush_size, max_wait=flush_interval, max_in_flight=2, name="completer"
-        )
-        self.rescuer = Rescuer(q, app.schema, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
-        self.pruner = Pruner(q, app.schema, retention=retention_seconds, prune_failed=prune_failed,
+        self.store = app.store
+        self.completer = Completer(self.store, self.name, self.stats, flush_size=flush_size,
+                                   flush_interval=flush_interval)
+        self.rescuer = Rescuer(self.store, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
+        self.pruner = Pruner(self.store, retention=retention_seconds, prune_failed=prune_failed,
                              interval=prune_interval)
+        self.scheduler: Scheduler | None = None  # made at run() when the app has periodic schedules
 
         self._active: dict[int, tuple[asyncio.Task, Job]] = {}
         self._revoked: set[int] = set()
         self._stopping = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._slot = asyncio.Event()
         self._run_slots = asyncio.Semaphore(concurrency)
-        self._follow_up = False
         self._pool: asyncpg.Pool | None = None
         self._threads: ThreadPoolExecutor | None = None
         self.started = asyncio.Event()
-        self.limiter = Limiter(app, self.queues, wake=self._wake.set)  # queue limits and pauses
+        wake = asyncio.Event()
+        self.limiter = Limiter(self.store, self.queues, app.rate_limits, wake=wake.set)  # queue limits and pauses
+        self.producer = Producer(self.store, self.limiter, self.completer, self._active, self._start,
+                                 queues=self.queues, name=self.name, lease_seconds=self.lease_seconds,
+                                 concurrency=concurrency, capacity=self.capacity, claim_batch=self.claim_batch,
+                                 poll_interval=poll_interval, debounce=app.notify_debounce, wake=wake)
 
     # -- public control ---------------------------------------------------
 
     def request_stop(self) -> None:
         """Stop claiming; running tasks get ``grace_seconds`` to finish."""
         self._stopping.set()
-        self._wake.set()
-        self._slot.set()
+        self.producer.interrupt()
 
     @property
     def active_jobs(self) -> list[int]:
@@ -163,96 +155,31 @@ class Worker:
             except (SchemaVersionError, JoblaneError):
                 raise
             except asyncpg.InvalidCatalogNameError as exc:
-                raise JoblaneError(f"cannot use the database: {_first_line(exc)}") from None
+                raise JoblaneError(f"cannot use the database: {first_line(exc)}") from None
             except asyncpg.InvalidAuthorizationSpecificationError as exc:
-                raise JoblaneError(f"cannot log in to the database: {_first_line(exc)}") from None
+                raise JoblaneError(f"cannot log in to the database: {first_line(exc)}") from None
             except asyncpg.ClientConfigurationError as exc:  # a malformed URL: retrying cannot help
-                raise JoblaneError(f"invalid database URL: {_first_line(exc)}") from None
+                raise JoblaneError(f"invalid database URL: {first_line(exc)}") from None
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncio.TimeoutError) as exc:
                 failures += 1
                 if self._stopping.is_set():
-                    raise JoblaneError(f"stopped before the database answered: {_first_line(exc)}") from None
+                    raise JoblaneError(f"stopped before the database answered: {first_line(exc)}") from None
                 left = deadline - asyncio.get_running_loop().time()
                 if left <= 0:
                     raise JoblaneError(f"cannot reach the database after {self.connect_timeout:g}s"
-                                       f" ({_first_line(exc)}): is DATABASE_URL right and the server up?") from None
+                                       f" ({first_line(exc)}): is DATABASE_URL right and the server up?") from None
                 delay = min(retry_delay(failures, base=0.2, cap=5.0), left)
-                log.warning("database not reachable (%s); retrying in %.1fs", _first_line(exc), delay)
+                log.warning("database not reachable (%s); retrying in %.1fs", first_line(exc), delay)
                 await self._sleep(delay)
 
-    async def _claim(self, n: int) -> list:
-        started_ns = telemetry.now_ns()
-        async with self._pool.acquire() as conn:
-            if self.limiter.active:  # one of our queues has limits or is paused (ratelimit.py)
-                rows = await self.limiter.claim(conn, n, self._claim_sql, self.name, self.lease_seconds,
-                                                self.concurrency - len(self._active))
-            else:
-                rows = await conn.fetch(self._claim_sql, self.queues, n, self.name, self.lease_seconds)
-        telemetry.claim_span(rows, started_ns, self.queues)  # a no-op unless OpenTelemetry is installed
-        return rows
-
-    async def _write_outcomes(self, batch: list[Outcome]) -> None:
-        rows = outcome_rows(batch)
-        async with self._pool.acquire() as conn:
-            applied = await conn.fetch(self._complete_sql, rows, self.name)
-        for o in batch:
-            self.stats[o.outcome] += 1
-        skipped = len(batch) - len(applied)
-        if skipped:
-            self.stats["stale"] += skipped
-            log.info("completer: %d outcomes arrived after their job was rescued or cancelled", skipped)
-
-    # -- the claim loop ---------------------------------------------------
-
-    async def _produce(self) -> None:
-        failures = 0
-        while not self._stopping.is_set():
-            free = self.capacity - len(self._active)
-            if free <= 0 or self.completer.backlogged:
-                self._slot.clear()
-                if self.capacity - len(self._active) <= 0 or self.completer.backlogged:
-                    await self._slot.wait()
-                continue
-            want = min(free, self.claim_batch)
-            self._wake.clear()  # a notification that lands during the claim is kept
-            try:
-                rows = await self._claim(want)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                failures += 1
-                delay = retry_delay(failures, base=0.05, cap=5.0, jitter=0.2)
-                log.warning("claim failed (%s); retrying in %.2fs", _first_line(exc), delay)
-                await self._sleep(delay)
-                continue
-            failures = 0
-            # From here the rows are committed as ours: every one reaches an
-            # executor (which gives it back if we are stopping), never dropped.
-            # RETURNING comes in no particular order: start them in claim order
-            for row in sorted(rows, key=_claim_order):
-                self._start(row)
-            if len(rows) < want:
-                # After a notification, look once more a debounce window later:
-                # enqueues within that window skipped their own notification.
-                wait = self.poll_interval
-                if self._follow_up:
-                    self._follow_up = False
-                    wait = min(wait, max(0.002, 2 * self.app.notify_debounce))
-                try:
-                    await asyncio.wait_for(self._wake.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
-
-    def _notified(self) -> None:
-        self._follow_up = self.app.notify_debounce > 0
-        self._wake.set()
+    # -- running one job --------------------------------------------------
 
     def _start(self, row) -> None:
         job = Job(
             id=row[0], queue=row[1], kind=row[2], payload=json.loads(row[3]), attempt=row[4],
             max_attempts=row[5], priority=row[6], created_at=row[7], replay_of=row[8],
         )
-        job._steps = Steps(self._pool, self.app.queries, job.id, job.attempt, self._loop)
+        job._steps = Steps(self._pool, self.store, job.id, job.attempt, self._loop)
         task = asyncio.create_task(self._run_job(job, row.get("headers")))  # trace context of the enqueue
         self._active[job.id] = (task, job)
 
@@ -265,7 +192,9 @@ class Worker:
                 if self._stopping.is_set():
                     outcome = give_back(job, started, "worker shutting down before the task started")
                 elif self.limiter.active and self.limiter.paused_for(job.queue):  # claimed before a pause
-                    outcome = self.limiter.put_back(job, started)
+                    # pending again at the end of the pause, its attempt not spent
+                    outcome = give_back(job, started, f"queue {job.queue} is paused",
+                                        delay=self.limiter.paused_for(job.queue))
                 else:
                     with telemetry.run_span(job, headers) as span:
                         outcome = await execute(self.app.tasks.get(job.kind), job, self._threads)
@@ -278,9 +207,7 @@ class Worker:
                 outcome = give_back(job, started, f"worker {self.name} shut down before the task {when}")
         finally:
             self._active.pop(job.id, None)
-            self._slot.set()
-            if self.limiter.active:  # limited queues claim into free run slots only: claim again now
-                self._wake.set()
+            self.producer.freed()
         if outcome is not None:
             telemetry.job_finished(self, job, outcome, headers)  # metrics and the log line
             if outcome.pause:  # RetryAfter(pause_queue=True): stop the queue here and for every worker
@@ -290,23 +217,24 @@ class Worker:
     # -- heartbeats -------------------------------------------------------
 
     async def _heartbeat(self, done: asyncio.Event) -> None:
+        """Extend the leases of every claimed job (and of those whose outcome is not yet written) in one
+        statement every ``heartbeat_seconds``; stop the task of a job that is no longer ours."""
         while not done.is_set():
-            try:
-                await asyncio.wait_for(done.wait(), self.heartbeat_seconds)
+            await sleep_unless(done, self.heartbeat_seconds)
+            if done.is_set():
                 return
-            except asyncio.TimeoutError:
-                pass
             running = list(self._active)
             ids = running + [o.job_id for o in self.completer.pending]
             if not ids:
                 continue
             try:
                 async with self._pool.acquire() as conn:
-                    owned = {r[0] for r in await conn.fetch(self._extend_sql, ids, self.name, self.lease_seconds)}
+                    rows = await store.records(conn, self.store.extend_leases(ids, self.name, self.lease_seconds))
+                owned = {r[0] for r in rows}
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("heartbeat failed (%s)", _first_line(exc))
+                log.warning("heartbeat failed (%s)", first_line(exc))
                 continue
             for job_id in running:
                 if job_id not in owned and job_id in self._active:
@@ -332,7 +260,7 @@ class Worker:
         self._pool = await self._connect()
         await self.limiter.start(self._pool, self._stopping)  # before the first claim
         log.info("worker %s: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
-        self.completer.start()
+        self.completer.start(self._pool)
         services_done = asyncio.Event()
         background = [
             asyncio.create_task(self._heartbeat(services_done), name="heartbeat"),
@@ -341,18 +269,16 @@ class Worker:
             asyncio.create_task(self.limiter.run(self._stopping), name="limiter"),
         ]
         if self.app.periodic_tasks:  # every worker runs the scheduler; each tick is enqueued once
-            from ..periodic import Scheduler
-
             self.scheduler = Scheduler(self.app)
             background.append(asyncio.create_task(self.scheduler.run(self._pool, self._stopping), name="scheduler"))
         notifier = None
         if self.listen:
-            notifier = Notifier(self.app.dsn, self.app.channel, set(self.queues), self._notified,
+            notifier = Notifier(self.app.dsn, self.app.channel, set(self.queues), self.producer.notified,
                                 application_name=self.application_name)
             background.append(asyncio.create_task(notifier.run(self._stopping), name="notifier"))
         self.started.set()
         try:
-            await self._produce()
+            await self.producer.run(self._pool, self._stopping)
         finally:
             await self._shutdown(services_done, background)
             if install_signals:

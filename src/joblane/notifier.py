@@ -1,4 +1,10 @@
-"""LISTEN for enqueue notifications and wake the producer; reconnects on its own."""
+"""LISTEN on a channel and wake whoever waits for new rows; reconnects on its own.
+
+Shared by the worker (enqueue notifications wake its claim loop) and the
+relay (publish notifications wake its batches). A notification only saves
+time: both also poll, and every (re)connection wakes them once, so what was
+written while nobody listened is found by the next claim.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +14,17 @@ from typing import Callable
 
 import asyncpg
 
-from ..lifecycle import retry_delay, sleep_unless
+from .lifecycle import retry_delay, sleep_unless
+from .rules import first_line
 
 
 log = logging.getLogger("joblane.worker")
 
 
 class Notifier:
+    """Calls ``wake`` when a notification on ``channel`` names one of ``queues`` (its payload), and after
+    every (re)connection."""
+
     def __init__(self, dsn: str, channel: str, queues: set[str], wake: Callable[[], None], *,
                  application_name: str = "joblane listener"):
         self.dsn = dsn
@@ -52,7 +62,7 @@ class Notifier:
                 raise
             except Exception as exc:
                 failures += 1
-                log.warning("listener: %s; reconnecting", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                log.warning("listener: %s; reconnecting", first_line(exc))
             finally:
                 self.connected.clear()
                 if conn is not None and not conn.is_closed():
@@ -72,5 +82,3 @@ async def _first(*events: asyncio.Event) -> None:
     finally:
         for w in waiters:
             w.cancel()
-
-

@@ -1,0 +1,74 @@
+"""The completer: outcomes written in bulk, each guarded by the state it expects.
+
+One ``complete_jobs`` statement finishes a whole batch and writes its
+``attempts`` rows; a row changes only while its job is still ``running``
+this attempt for this worker, so an outcome that arrives after its job was
+rescued, cancelled or re-claimed elsewhere is a no-op (counted as
+``stale``). ``put`` is the same call however outcomes are batched: the
+Batcher coalesces them on size or a short timer, applies backpressure,
+retries a failed flush and drains on shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from .. import store
+from ..store import Store, outcome_rows
+from ..types import Outcome
+from .batcher import Batcher
+
+log = logging.getLogger("joblane.worker")
+
+
+class Completer:
+    """Writes the outcomes of worker ``name`` in batches of up to ``flush_size``, at most two flushes in flight.
+
+    ``stats`` counts what was written, by outcome, and the stale outcomes.
+    """
+
+    def __init__(self, store: Store, name: str, stats: Counter[str], *, flush_size: int = 500,
+                 flush_interval: float = 0.002):
+        self.store = store
+        self.name = name
+        self.stats = stats
+        self._pool: Any = None
+        # two flushes in flight: while one batch is written, the next can be, on another connection
+        self.batcher: Batcher[Outcome] = Batcher(self.write, max_size=flush_size, max_wait=flush_interval,
+                                                 max_in_flight=2, name="completer")
+
+    def start(self, pool: Any) -> None:
+        self._pool = pool
+        self.batcher.start()
+
+    async def put(self, outcome: Outcome) -> None:
+        """Queue ``outcome`` for the next batch (waits while too many are queued)."""
+        await self.batcher.put(outcome)
+
+    @property
+    def pending(self) -> list[Outcome]:
+        """Outcomes not yet written (queued or in a flush under way)."""
+        return self.batcher.pending
+
+    @property
+    def backlogged(self) -> bool:
+        """True while so many outcomes wait that the worker should stop claiming."""
+        return self.batcher.backlogged
+
+    async def close(self, timeout: float | None = None) -> bool:
+        """Write what is queued; True when everything was written within ``timeout``."""
+        return await self.batcher.close(timeout=timeout)
+
+    async def write(self, batch: list[Outcome]) -> list[int]:
+        """Write ``batch`` in one statement; returns the ids of the jobs whose outcome applied."""
+        async with self._pool.acquire() as conn:
+            applied = await store.records(conn, self.store.complete_jobs(outcome_rows(batch), self.name))
+        for o in batch:
+            self.stats[o.outcome] += 1
+        skipped = len(batch) - len(applied)
+        if skipped:
+            self.stats["stale"] += skipped
+            log.info("completer: %d outcomes arrived after their job was rescued or cancelled", skipped)
+        return [r[0] for r in applied]

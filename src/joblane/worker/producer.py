@@ -1,0 +1,122 @@
+"""The producer: the claim loop that leases ready jobs and hands each to the worker.
+
+A claim asks for as many jobs as there are free places (running slots
+plus prefetch, at most ``claim_batch``) in one statement, committed before
+any of them runs. Between claims it waits for a notification (enqueue,
+a freed place, the end of a pause or a limit's window) or the poll interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Sized
+
+from .. import store, telemetry
+from ..lifecycle import retry_delay, sleep_unless
+from ..rules import first_line
+from ..store import Store
+from .completer import Completer
+from .limiter import Limiter
+
+log = logging.getLogger("joblane.worker")
+
+
+def _claim_order(row) -> tuple[int, int]:
+    return row[6], row[0]  # priority, then id (age)
+
+
+class Producer:
+    """Claims jobs for worker ``name`` from ``queues`` and calls ``start(row)`` for each one claimed.
+
+    ``active`` holds the worker's claimed jobs (running or waiting for a run
+    slot): the loop claims while fewer than ``capacity`` are held and the
+    ``completer`` is not backlogged. ``wake`` ends a wait between claims.
+    """
+
+    def __init__(self, store: Store, limiter: Limiter, completer: Completer, active: Sized,
+                 start: Callable[[Any], None], *, queues: list[str], name: str, lease_seconds: float,
+                 concurrency: int, capacity: int, claim_batch: int, poll_interval: float, debounce: float,
+                 wake: asyncio.Event):
+        self.store = store
+        self.limiter = limiter
+        self.completer = completer
+        self.active = active
+        self.start = start
+        self.queues = queues
+        self.name = name
+        self.lease_seconds = lease_seconds
+        self.concurrency = concurrency
+        self.capacity = capacity
+        self.claim_batch = claim_batch
+        self.poll_interval = poll_interval
+        self.debounce = debounce
+        self.wake = wake
+        self.slot = asyncio.Event()  # set when a claimed job leaves ``active``
+        self._follow_up = False
+
+    def notified(self) -> None:
+        """An enqueue notification for one of our queues."""
+        self._follow_up = self.debounce > 0
+        self.wake.set()
+
+    def freed(self) -> None:
+        """A claimed job left ``active``: a place is free."""
+        self.slot.set()
+        if self.limiter.active:  # limited queues claim into free run slots only: claim again now
+            self.wake.set()
+
+    def interrupt(self) -> None:
+        """End any wait at once (the worker is stopping)."""
+        self.wake.set()
+        self.slot.set()
+
+    async def claim(self, pool: Any, n: int) -> list:
+        """Lease up to ``n`` jobs in one statement (per limited queue, when some are limited or paused)."""
+        started_ns = telemetry.now_ns()
+        async with pool.acquire() as conn:
+            if self.limiter.active:  # one of our queues has limits or is paused (worker/limiter.py)
+                rows = await self.limiter.claim(conn, n, self.name, self.lease_seconds,
+                                                self.concurrency - len(self.active))
+            else:
+                rows = await store.records(conn, self.store.claim_jobs(self.queues, n, self.name,
+                                                                       self.lease_seconds))
+        telemetry.claim_span(rows, started_ns, self.queues)  # a no-op unless OpenTelemetry is installed
+        return rows
+
+    async def run(self, pool: Any, stopping: asyncio.Event) -> None:
+        """Claim until ``stopping`` is set."""
+        failures = 0
+        while not stopping.is_set():
+            free = self.capacity - len(self.active)
+            if free <= 0 or self.completer.backlogged:
+                self.slot.clear()
+                if self.capacity - len(self.active) <= 0 or self.completer.backlogged:
+                    await self.slot.wait()
+                continue
+            want = min(free, self.claim_batch)
+            self.wake.clear()  # a notification that lands during the claim is kept
+            try:
+                rows = await self.claim(pool, want)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                delay = retry_delay(failures, base=0.05, cap=5.0, jitter=0.2)
+                log.warning("claim failed (%s); retrying in %.2fs", first_line(exc), delay)
+                await sleep_unless(stopping, delay)
+                continue
+            failures = 0
+            # From here the rows are committed as ours: every one reaches an
+            # executor (which gives it back if we are stopping), never dropped.
+            # RETURNING comes in no particular order: start them in claim order
+            for row in sorted(rows, key=_claim_order):
+                self.start(row)
+            if len(rows) < want:
+                # After a notification, look once more a debounce window later:
+                # enqueues within that window skipped their own notification.
+                wait = self.poll_interval
+                if self._follow_up:
+                    self._follow_up = False
+                    wait = min(wait, max(0.002, 2 * self.debounce))
+                await sleep_unless(self.wake, wait)

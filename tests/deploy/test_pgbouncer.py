@@ -1,0 +1,115 @@
+"""joblane behind a real PgBouncer: transaction pooling (the hard case) and session pooling.
+
+Enqueue runs on the caller's connection with psycopg's default prepare
+threshold, so a statement it prepared would break on the sixth call; workers
+run with ``--pgbouncer`` (no named prepared statements, polling instead of
+LISTEN). Every job must run exactly once with no error in the logs.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+
+import psycopg
+import pytest
+
+from joblane import JobSpec
+
+from ..conftest import count, table, wait_until
+from ..helpers import create_runs_table
+from .pgbouncer import pgbouncer
+
+APP = "tests.apps.runs:app"
+
+
+@pytest.fixture
+def transaction_pool(joblane_dsn):
+    with pgbouncer(joblane_dsn, pool_mode="transaction", pool_size=4) as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def session_pool(joblane_dsn):
+    with pgbouncer(joblane_dsn, pool_mode="session", pool_size=20) as dsn:
+        yield dsn
+
+
+def _enqueue_from_threads(app, dsn: str, threads: int, per_thread: int) -> list[int]:
+    ids: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def producer(t: int) -> None:
+        try:
+            with psycopg.connect(dsn) as c:  # psycopg's defaults: prepare_threshold=5
+                for i in range(per_thread):
+                    with c.transaction():
+                        job_id = app.enqueue(c, "record", {"t": t, "i": i})
+                    with lock:
+                        ids.append(job_id)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    workers = [threading.Thread(target=producer, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    return ids
+
+
+def _problems(output: str) -> list[str]:
+    lines = []
+    for line in output.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            lines.append(line)  # a traceback or a line that is not the worker's log
+            continue
+        if record.get("level") in ("WARNING", "ERROR", "CRITICAL"):
+            lines.append(line)
+    return lines
+
+
+def _run_workers(app, conn, spawn_worker, dsn: str, joblane_dsn: str, ids: list[int], *args: str) -> None:
+    env = {"DATABASE_URL": dsn, "TEST_DIRECT_DSN": joblane_dsn}
+    workers = [spawn_worker(APP, app.schema, "--concurrency", "8", *args, env=env) for _ in range(2)]
+    wait_until(lambda: count(conn, app, "state IN ('pending', 'running')") == 0, timeout=120,
+               message="every job finished")
+    runs = conn.execute(f"SELECT job_id, count(*) FROM {table(app, 'runs')} GROUP BY job_id").fetchall()
+    assert sorted(r[0] for r in runs) == sorted(ids), "every job ran"
+    assert max(r[1] for r in runs) == 1, "no job ran twice"
+    assert count(conn, app, "state = 'done'") == len(ids)
+    for w in workers:
+        w.signal(signal.SIGTERM)
+        assert w.wait(30) == 0, w.output()
+        assert _problems(w.output()) == [], w.output()[-3000:]
+
+
+def test_enqueue_publish_and_admin_through_transaction_pooling(app, conn, transaction_pool):
+    ids = _enqueue_from_threads(app, transaction_pool, threads=4, per_thread=150)
+    assert len(set(ids)) == 600 and count(conn, app) == 600
+    with psycopg.connect(transaction_pool) as c:
+        for i in range(20):  # the same statements again and again on one connection
+            with c.transaction():
+                app.publish(c, "t.x", {"i": i})
+                app.enqueue_many(c, [JobSpec("record", {"bulk": i})])
+        assert len(app.list_jobs(c, limit=10)) == 10
+        assert app.status(c)
+    assert count(conn, app) == 620
+
+
+def test_two_workers_through_transaction_pooling_run_every_job_once(app, conn, joblane_dsn, transaction_pool,
+                                                                    spawn_worker):
+    create_runs_table(conn, app.schema)
+    ids = _enqueue_from_threads(app, transaction_pool, threads=4, per_thread=250)
+    _run_workers(app, conn, spawn_worker, transaction_pool, joblane_dsn, ids, "--pgbouncer")
+
+
+def test_two_workers_through_session_pooling_run_every_job_once(app, conn, joblane_dsn, session_pool, spawn_worker):
+    create_runs_table(conn, app.schema)
+    ids = _enqueue_from_threads(app, session_pool, threads=4, per_thread=250)
+    _run_workers(app, conn, spawn_worker, session_pool, joblane_dsn, ids)
