@@ -203,7 +203,36 @@ def test_every_named_query_has_exactly_one_store_method():
     assert all(m == [q] for q, m in reached.items()), "a Store method is named after its query"
 
 
-@pytest.mark.parametrize("room", ["joblane.rules", "joblane.types", "joblane.errors"])
+@pytest.mark.parametrize("room", ["joblane.rules", "joblane.types", "joblane.errors"])  # the leaves
 def test_the_floor_imports_nothing_above_it(room):
     allowed = {"joblane.errors"}
     assert JOBLANE.edges(room) - allowed == set()
+
+
+# The rooms of docs/architecture.md. The floor stands on nothing above it; the
+# faces (command line, dashboard, integrations, showcase) stand on the library,
+# which never reaches back up to them.
+FLOOR = {"joblane.errors", "joblane.types", "joblane.rules", "joblane.queries", "joblane.store",
+         "joblane.migrations", "joblane.lifecycle", "joblane.telemetry"}
+FACES = ("joblane.cli", "joblane.web", "joblane.integrations", "joblane.showcase", "joblane.__main__")
+
+
+def _in(name: str, rooms) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in rooms)
+
+
+def test_the_floor_stands_on_the_floor_only():
+    assert {m: sorted(JOBLANE.edges(m) - FLOOR) for m in FLOOR if JOBLANE.edges(m) - FLOOR} == {}
+
+
+def test_the_library_never_imports_a_face():
+    library = [m for m in MODULES if not _in(m, FACES) and m != "joblane.schema_dump"]
+    assert {m: sorted(e for e in JOBLANE.edges(m) if _in(e, FACES)) for m in library
+            if any(_in(e, FACES) for e in JOBLANE.edges(m))} == {}
+
+
+def test_only_the_command_line_imports_the_showcase_and_the_dashboard_not_the_command_line():
+    showcase_users = {m for m in MODULES if not _in(m, ["joblane.showcase"])
+                      and any(_in(e, ["joblane.showcase"]) for e in JOBLANE.edges(m))}
+    assert {m for m in showcase_users if not _in(m, ["joblane.cli"])} == set()
+    assert {m for m in MODULES if _in(m, ["joblane.web"]) and any(_in(e, ["joblane.cli"]) for e in JOBLANE.edges(m))} == set()

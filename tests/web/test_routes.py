@@ -368,3 +368,31 @@ def test_outbox_retry_requeues_failed_messages(app, conn, client):
     assert r.status_code == 303
     assert conn.execute(f"SELECT state FROM {box} WHERE id = %s", (failed,)).fetchone()[0] == "pending"
     assert f"re-queued 1 message: #{failed}" in client.get("/outbox").text
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Asia/Kolkata"])
+def test_the_cli_and_the_dashboard_read_the_same_time_text_the_same_way(app, conn, client, monkeypatch, zone):
+    import time
+
+    # a naive ISO time is UTC for both, whatever the local zone of the process reading it
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        for hour in (9, 11, 13):
+            job = add_job(conn, app, state="failed", kind="summarise", error="x")
+            conn.execute(f"UPDATE {table(app, 'jobs')} SET finished_at = %s::timestamptz WHERE id = %s",
+                         (f"2026-01-15 {hour:02d}:00:00+00", job))
+        for text, expected in (("2026-01-15T10:00", 2), ("2026-01-15T12:30:00", 1), ("2026-01-15T10:00+02:00", 3),
+                               ("2026-01-15 08:59", 3)):
+            result = CliRunner().invoke(main, ["replay", "--kind", "summarise", "--state", "failed", "--since", text,
+                                               "--dry-run", "--json"],
+                                        env={"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema})
+            assert result.exit_code == 0, result.output
+            assert len(json.loads(result.stdout)["jobs"]) == expected, text
+            token = csrf_of(client, "/replay")
+            page = client.post("/replay/preview", data={"kind": "summarise", "state": "failed", "since": text,
+                                                        "csrf": token}).text
+            assert f"Dry run: {expected} job" in page, (text, page[:2000])
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
