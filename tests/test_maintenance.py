@@ -143,6 +143,33 @@ async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_ds
         "running", "other-worker")
 
 
+async def test_a_late_outcome_is_kept_on_the_attempts_row_of_its_try(app, conn, joblane_dsn):
+    """The completer cannot apply an outcome for a rescued job, but the run it reports is not lost."""
+    from collections import Counter
+
+    from joblane.worker.completer import Completer
+
+    job_id = app.enqueue(conn, "k", {})
+    pool = await asyncpg.create_pool(joblane_dsn, min_size=1, max_size=2)
+    try:
+        async with pool.acquire() as c:
+            await c.fetch(app.queries.claim_jobs, ["default"], 1, "blocked-worker", 30.0)
+            conn.execute(f"UPDATE {table(app, 'jobs')} SET lease_until = now() - interval '1 second' WHERE id = %s",
+                         (job_id,))
+            await Rescuer(app.store, interval=1).run_once(c)
+        stats: Counter = Counter()
+        completer = Completer(app.store, "blocked-worker", stats)
+        completer.start(pool)
+        assert await completer.write([Outcome.done(job_id, 1, started_at=1.0, finished_at=2.0)]) == []
+    finally:
+        await pool.close()
+    assert stats["stale"] == 1
+    outcome, meta = conn.execute(f"SELECT outcome, meta FROM {table(app, 'attempts')} WHERE job_id = %s",
+                                 (job_id,)).fetchone()
+    assert outcome == "lost"
+    assert meta["late"]["outcome"] == "done" and meta["late"]["worker"] == "blocked-worker"
+
+
 async def test_retry_and_cancel_admin_calls(app, conn):
     @app.task("boom", max_attempts=1)
     async def boom(job):

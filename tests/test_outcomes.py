@@ -163,12 +163,30 @@ async def test_timeout_is_a_transient_failure(app, conn):
     assert job_row(conn, app, b)[0] == "failed"
 
 
-async def test_unknown_kind_fails_clearly(app, conn):
+async def test_unknown_kind_fails_clearly_once_no_live_worker_has_known_it_for_long_enough(app, conn):
     job_id = app.enqueue(conn, "nobody_handles_this", {}, queue="default")
-    await drain(app)
+    await drain(app, unknown_kind_timeout=0)
     state, attempts, last_error, *_ = job_row(conn, app, job_id)
     assert state == "failed" and attempts == 1
     assert "unknown task kind 'nobody_handles_this'" in last_error and "imported by the worker" in last_error
+
+
+async def test_a_young_job_of_an_unknown_kind_waits_without_spending_attempts(app, conn, caplog):
+    @app.task("known")
+    async def known(job):
+        return None
+
+    app.declare("nobody_handles_this")  # enqueued by a newer producer; no worker here runs it
+    job_id = app.enqueue(conn, "nobody_handles_this", {}, queue="default")
+    app.enqueue(conn, "known", {}, queue="default")
+    with caplog.at_level("WARNING", logger="joblane.worker"):
+        await drain(app, unknown_kind_timeout=600)
+    state, attempts, last_error, *_ = job_row(conn, app, job_id)
+    assert (state, attempts) == ("pending", 0), "given back, its attempt not spent"
+    assert "no live worker knows task kind 'nobody_handles_this'" in last_error
+    assert app.get_job(job_id)["last_error"] == last_error  # what `joblane jobs show` prints
+    said = [r for r in caplog.records if "does not know task kind 'nobody_handles_this'" in r.getMessage()]
+    assert len(said) == 1
 
 
 async def test_unserialisable_result_fails_the_job(app, conn):

@@ -327,7 +327,8 @@ class App:
     def connect(self, **kwargs: Any) -> psycopg.Connection:
         """A new autocommit psycopg connection to the app's database."""
         try:
-            return psycopg.connect(self.dsn, autocommit=True, **kwargs)
+            # prepare_threshold=None: nothing prepared on the server, so PgBouncer in transaction pooling works
+            return psycopg.connect(self.dsn, **{"autocommit": True, "prepare_threshold": None, **kwargs})
         except psycopg.OperationalError as exc:
             raise JoblaneError(f"cannot connect to the database: {first_line(exc)}") from None
 

@@ -57,3 +57,14 @@ def retry_delay(failures: int, *, base: float, cap: float, jitter: float = 0.0) 
     """Seconds to wait after ``failures`` failures in a row: base doubling up to cap, +-jitter."""
     delay = min(cap, base * 2 ** min(failures, 16))
     return delay * random.uniform(1 - jitter, 1 + jitter) if jitter else delay
+
+
+def version() -> str:
+    """The installed joblane's version (what workers and relays register with)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("joblane")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree without an install
+        return "0+unknown"

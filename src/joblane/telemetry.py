@@ -183,7 +183,7 @@ def end_run(span: Any, outcome: Outcome) -> None:
         span.set_status(Status(StatusCode.ERROR, outcome.error or outcome.outcome))
 
 
-def job_finished(worker: Any, job: Job, outcome: Outcome, headers: str | None = None) -> None:
+def job_finished(worker: Any, job: Job, outcome: Outcome, headers: str | None = None, *, quiet: bool = False) -> None:
     """Metrics and the log line of one outcome (called by the worker before the completer writes it).
 
     ``headers`` are the job's: the log line carries the trace id of the enqueue that started it.
@@ -193,7 +193,7 @@ def job_finished(worker: Any, job: Job, outcome: Outcome, headers: str | None = 
         metrics.observe(job, outcome)
     # done is the common case and logs at DEBUG (`joblane worker -v`), so a busy
     # worker is not slowed by a line per job; retries, holds and failures at INFO/WARNING
-    if outcome.outcome == "done":
+    if outcome.outcome == "done" or quiet:  # quiet: a give-back the worker already explained once
         level = logging.DEBUG
     elif outcome.state == "failed":
         level = logging.WARNING

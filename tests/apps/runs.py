@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import asyncpg
 
@@ -15,7 +16,7 @@ _pool: asyncpg.Pool | None = None
 _lock = asyncio.Lock()
 
 
-async def _record(job: joblane.Job) -> None:
+async def record_run(job: joblane.Job) -> None:
     global _pool
     async with _lock:
         if _pool is None:
@@ -31,11 +32,19 @@ async def _record(job: joblane.Job) -> None:
 
 @app.task("record")
 async def record(job: joblane.Job) -> None:
-    await _record(job)
+    await record_run(job)
 
 
 @app.task("sleepy", timeout=float(os.environ.get("TEST_TIMEOUT", "60")))
 async def sleepy(job: joblane.Job) -> dict:
-    await _record(job)
+    await record_run(job)
     await asyncio.sleep(float(job.payload.get("seconds", 1.0)))
     return {"slept": job.payload.get("seconds", 1.0)}
+
+
+@app.task("blocks_loop")
+async def blocks_loop(job: joblane.Job) -> dict:
+    """An async task that blocks the event loop (a blocking SDK call in an async def)."""
+    await record_run(job)
+    time.sleep(float(job.payload.get("seconds", 5.0)))  # blocks the worker's loop on purpose
+    return {"blocked": job.payload.get("seconds", 5.0)}

@@ -16,6 +16,7 @@ from joblane.queries import quote_ident
 
 from . import chaos_app
 from ..conftest import wait_until
+from ..deploy.pgbouncer import pgbouncer
 from .harness import (RELAY_ARGS, TALLY, WORKER_ARGS, Destination, Fleet, Ledger, check, check_outbox, enqueue,
                       wait_outbox_sent, wait_quiet)
 
@@ -37,8 +38,9 @@ def ledger() -> Ledger:
 def fleet_factory(app, joblane_dsn, tmp_path):
     fleets: list[Fleet] = []
 
-    def make(args=WORKER_ARGS, *, command: str = "worker", env: dict | None = None) -> Fleet:
-        fleet = Fleet(app.schema, joblane_dsn, tmp_path / "runs.log", tmp_path, list(args), env=env, command=command)
+    def make(args=WORKER_ARGS, *, command: str = "worker", env: dict | None = None, dsn: str | None = None) -> Fleet:
+        fleet = Fleet(app.schema, dsn or joblane_dsn, tmp_path / "runs.log", tmp_path, list(args), env=env,
+                      command=command)
         fleets.append(fleet)
         return fleet
 
@@ -63,23 +65,41 @@ def assert_no_violations(violations: list[str], fleet: Fleet) -> None:
         pytest.fail(f"{len(violations)} invariant violations:\n" + "\n".join(violations[:15]) + "\n" + logs)
 
 
+@pytest.fixture
+def bouncer(joblane_dsn):
+    """PgBouncer in transaction pooling in front of the suite's database, for one of the storm's workers."""
+    with pgbouncer(joblane_dsn, pool_mode="transaction", pool_size=4) as dsn:
+        yield dsn
+
+
+def _registered(conn, schema: str, proc) -> bool:
+    """The process registered itself (through PgBouncer its connections carry no application name to wait on)."""
+    return bool(conn.execute(f"SELECT 1 FROM {quote_ident(schema)}.processes WHERE pid = %s", (proc.pid,)).fetchone())
+
+
 def test_sigkill_and_dropped_connections_while_10000_jobs_and_5000_messages_flow(app, conn, joblane_dsn, ledger,
-                                                                                 fleet_factory, tmp_path):
-    """Jobs and outbox rows are written together, as an application does; workers and relays are killed."""
+                                                                                 fleet_factory, tmp_path, bouncer):
+    """Jobs and outbox rows are written together, as an application does; workers and relays are killed.
+
+    One more worker goes through PgBouncer in transaction pooling (``--pgbouncer``) and is SIGKILLed too.
+    """
     rng = random.Random(6)
     runs = tmp_path / "runs.log"
     destination = Destination(tmp_path / "destination.log")
     enqueue(app, joblane_dsn, ledger, mix(2000, rng), messages=1000)
     workers = fleet_factory()
     relays = fleet_factory(RELAY_ARGS, command="relay", env={"CHAOS_SINK": str(destination.path)})
+    bounced = fleet_factory([*WORKER_ARGS, "--pgbouncer"], dsn=bouncer)
     workers.start(3)
     relays.start(2)
+    bounced.start(1)
     violations: list[str] = []
     graceful: list[int] = []
     schedule = [
         lambda: workers.sigkill(), lambda: relays.sigkill(), lambda: workers.terminate_connections(conn),
         lambda: workers.sigkill(), lambda: relays.terminate_connections(conn),
         lambda: graceful.append(workers.sigterm(conn)),  # mid-burst: finish or give back, exit 0
+        lambda: bounced.sigkill(),
     ]
     for round_no in range(12):
         # work arrives faster than three workers finish it, so each fault lands on busy processes
@@ -103,13 +123,18 @@ def test_sigkill_and_dropped_connections_while_10000_jobs_and_5000_messages_flow
         violations.append("the queue did not drain after the faults stopped")
     if not wait_outbox_sent(conn, app.schema, relays):
         violations.append("the outbox did not drain after the faults stopped")
-    codes = graceful + workers.sigterm_all(conn) + relays.sigterm_all(conn)
+    for proc in bounced.workers:
+        wait_until(lambda: _registered(conn, app.schema, proc), timeout=60, message="the PgBouncer worker up")
+    codes = graceful + workers.sigterm_all(conn) + relays.sigterm_all(conn) + bounced.sigterm_all()
     assert codes and all(c == 0 for c in codes), codes
     violations += check(conn, app.schema, ledger, runs, final=True, label="storm, final")
     violations += check_outbox(conn, app.schema, ledger, destination, final=True, label="storm, final")
     TALLY.jobs += len(ledger.committed)
     TALLY.messages += len(ledger.messages)
     assert_no_violations(violations, workers)
+    through = {int(w.split(":")[1]) for (w,) in conn.execute(
+        f"SELECT DISTINCT worker FROM {quote_ident(app.schema)}.attempts WHERE worker LIKE '%:%:%'")}
+    assert through & {w.pid for w in bounced.workers + bounced.retired}, "the PgBouncer worker ran jobs"
     lost = conn.execute(f"SELECT count(*) FROM {quote_ident(app.schema)}.attempts WHERE outcome = 'lost'").fetchone()[0]
     assert lost > 0, "the SIGKILLs hit running jobs, which came back through the rescuer"
     assert len(ledger.committed) >= 10_000 and len(ledger.messages) >= 5_000

@@ -69,7 +69,7 @@ def _problems(output: str) -> list[str]:
         except ValueError:
             lines.append(line)  # a traceback or a line that is not the worker's log
             continue
-        if record.get("level") in ("WARNING", "ERROR", "CRITICAL"):
+        if str(record.get("level")).lower() in ("warning", "error", "critical"):
             lines.append(line)
     return lines
 

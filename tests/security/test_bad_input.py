@@ -373,3 +373,35 @@ async def test_a_destination_error_with_nul_or_undecodable_text_is_recorded(app,
         f"SELECT id, state, last_error FROM {table(app, 'outbox')}").fetchall())
     assert rows[ids[0]] == ("sent", None) and rows[ids[2]] == ("sent", None)
     assert rows[ids[1]] == ("pending", "HTTP 500: \\0\x01 binary ? body")
+
+
+def _deep(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"x": value}
+    return value
+
+
+def test_a_payload_nested_too_deeply_is_one_clear_error_and_the_transaction_goes_on(app, joblane_dsn, conn):
+    deep = _deep(5000)
+    with psycopg.connect(joblane_dsn) as c, c.transaction():
+        with pytest.raises(joblane.JoblaneError, match="payload is nested too deeply to encode as JSON"):
+            app.enqueue(c, "k", deep)
+        with pytest.raises(joblane.JoblaneError, match="nested too deeply"):
+            app.enqueue_many(c, [JobSpec("k", {"i": 1}), JobSpec("k", deep)])
+        with pytest.raises(joblane.JoblaneError, match="nested too deeply"):
+            app.publish(c, "t.x", deep)
+        app.enqueue(c, "k", {"fine": True})  # the caller's transaction is still usable
+    assert count(conn, app) == 1
+
+
+def test_invalid_utf8_on_the_command_line_is_one_line_and_exit_1(app):
+    bad = b"a\xed\xa0\x80b"  # a UTF-16 surrogate encoded as UTF-8: not valid UTF-8
+    env = {**os.environ, "DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema}
+    for args in ([b"jobs", b"--kind", bad], [b"retry", b"--kind", bad], [b"replay", b"--kind", bad, b"--dry-run"]):
+        done = subprocess.run([sys.executable.encode(), b"-m", b"joblane", *args], env=env, cwd=ROOT,
+                              capture_output=True, timeout=60)
+        err = done.stderr.decode("utf-8", "replace")
+        assert done.returncode == 1, err
+        assert "Traceback" not in err and err.count("\n") == 1, err
+        assert "is not valid UTF-8" in err

@@ -12,9 +12,24 @@ from __future__ import annotations
 import click
 
 from . import core, dashboard, grants, outbox, review, showcase
+from .common import Fail
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Commands(click.Group):
+    """The ``joblane`` group: refuses, in one line, an argument that is not valid UTF-8."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:
+            try:
+                arg.encode("utf-8")
+            except UnicodeEncodeError:
+                # bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
+                raw = arg.encode("utf-8", "surrogateescape")
+                raise Fail(f"argument {raw!r} is not valid UTF-8: joblane stores text as UTF-8") from None
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--database-url", envvar="DATABASE_URL", help="PostgreSQL URL (default: $DATABASE_URL).")
 @click.option("--schema", envvar="JOBLANE_SCHEMA", default=None, help="Schema name (default: joblane).")
 @click.version_option(package_name="joblane")

@@ -45,9 +45,16 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @click.option("--lease", "lease_seconds", type=click.FloatRange(1, 86400), help="Lease length in seconds (default: the app's, 30).")
 @click.option("--grace", "grace_seconds", default=30.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds running tasks get to finish after SIGTERM.")
-@click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction pooling).")
+@click.option("--no-listen", is_flag=True, help="Poll only (no LISTEN connection).")
+@click.option("--pgbouncer", is_flag=True, envvar="JOBLANE_PGBOUNCER",
+              help="Behind PgBouncer in transaction pooling: no named prepared statements, poll instead of LISTEN "
+                   "(also JOBLANE_PGBOUNCER=1).")
 @click.option("--connect-timeout", default=60.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds a starting worker waits for an unreachable database before it exits.")
+@click.option("--stall-warning", default=2.0, show_default=True, type=click.FloatRange(0.01, 3600),
+              help="Warn when a task blocks the event loop this many seconds.")
+@click.option("--unknown-kind-timeout", default=600.0, show_default=True, type=click.FloatRange(0),
+              help="Fail a job of a kind no live worker knows once it is this many seconds old.")
 @click.option("--retention", "retention_seconds", default=7 * 86400.0, show_default=True, type=click.FloatRange(0),
               help="Prune done/cancelled jobs older than this many seconds.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -58,7 +65,8 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, claim_batch: int | None,
            poll_interval: float, lease_seconds: float | None, grace_seconds: float, no_listen: bool,
            retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float,
-           metrics_port: int | None = None) -> None:
+           metrics_port: int | None = None, pgbouncer: bool = False, stall_warning: float = 2.0,
+           unknown_kind_timeout: float = 600.0) -> None:
     """Run the tasks of APP (module:attribute naming a joblane.App)."""
     from ..worker import Worker
 
@@ -70,7 +78,9 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
     w = run_or_fail(lambda: Worker(app, queues=list(queues) or None, concurrency=concurrency,
                                    claim_batch=claim_batch, poll_interval=poll_interval, lease_seconds=lease_seconds,
                                    grace_seconds=grace_seconds, listen=not no_listen,
-                                   retention_seconds=retention_seconds, connect_timeout=connect_timeout))
+                                   retention_seconds=retention_seconds, connect_timeout=connect_timeout,
+                                   pgbouncer=pgbouncer, stall_warning=stall_warning,
+                                   unknown_kind_timeout=unknown_kind_timeout))
     if metrics_port is not None:
         from ..telemetry import serve_metrics
 

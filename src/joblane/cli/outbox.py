@@ -25,7 +25,10 @@ from .common import (Fail, app_from_context, console, emit_json, parse_ids, repo
               help="Seconds a claimed row stays with this relay (extended while its batch is delivered).")
 @click.option("--grace", "grace_seconds", default=15.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds the batches in flight get to finish after SIGTERM.")
-@click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction pooling).")
+@click.option("--no-listen", is_flag=True, help="Poll only (no LISTEN connection).")
+@click.option("--pgbouncer", is_flag=True, envvar="JOBLANE_PGBOUNCER",
+              help="Behind PgBouncer in transaction pooling: no named prepared statements, poll instead of LISTEN "
+                   "(also JOBLANE_PGBOUNCER=1).")
 @click.option("--connect-timeout", default=60.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds a starting relay waits for an unreachable database before it exits.")
 @click.option("--retention", "retention_seconds", default=7 * 86400.0, show_default=True,
@@ -35,7 +38,7 @@ from .common import (Fail, app_from_context, console, emit_json, parse_ids, repo
 @click.pass_context
 def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, poll_interval: float,
           lease_seconds: float, grace_seconds: float, no_listen: bool, retention_seconds: float,
-          log_format: str, verbose: bool, connect_timeout: float) -> None:
+          log_format: str, verbose: bool, connect_timeout: float, pgbouncer: bool = False) -> None:
     """Deliver APP's outbox through the sinks it routes (app.route(prefix, sink))."""
     from ..outbox.relay import Relay
 
@@ -43,7 +46,8 @@ def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, 
     setup_logging(log_format, verbose)
     r = run_or_fail(lambda: Relay(app, batch_size=batch_size, concurrency=concurrency, poll_interval=poll_interval,
                                   lease_seconds=lease_seconds, grace_seconds=grace_seconds, listen=not no_listen,
-                                  retention_seconds=retention_seconds, connect_timeout=connect_timeout))
+                                  retention_seconds=retention_seconds, connect_timeout=connect_timeout,
+                                  pgbouncer=pgbouncer))
     run_or_fail(lambda: asyncio.run(r.run()))
 
 

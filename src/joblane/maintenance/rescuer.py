@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import store
 from ..store import Store
 from .service import Service
 
@@ -20,4 +21,6 @@ class Rescuer(Service):
     async def _work(self, conn: Any) -> list[tuple[int, str]]:
         """(id, new state) of every job rescued."""
         rows = await self._batches(conn, self.store.rescue_expired(self.batch), self.batch)
+        # registrations of workers and relays that died (a lease past its end, with a margin)
+        await store.records(conn, self.store.prune_processes(self.interval))
         return [(r[0], r[1]) for r in rows]

@@ -106,6 +106,7 @@ class Relay:
         prune_interval: float = 60.0,
         name: str | None = None,
         connect_timeout: float = 60.0,
+        pgbouncer: bool = False,
     ):
         routes = list(app.routes if routes is None else routes)
         if not routes:
@@ -133,7 +134,9 @@ class Relay:
         self.heartbeat_seconds = self.lease_seconds / 3
         self.grace_seconds = float(grace_seconds)
         self.delivery_timeout = float(delivery_timeout)
-        self.listen = listen
+        # behind PgBouncer in transaction pooling: no named prepared statements, poll instead of LISTEN
+        self.pgbouncer = bool(pgbouncer)
+        self.listen = listen and not self.pgbouncer
         self.jitter = jitter
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         if not connect_timeout >= 0:
@@ -186,7 +189,8 @@ class Relay:
 
     async def _connect(self) -> asyncpg.Pool:
         try:
-            pool = await asyncpg.create_pool(self.app.dsn, min_size=1, max_size=self.concurrency + 2,
+            options: dict = {"statement_cache_size": 0} if self.pgbouncer else {}
+            pool = await asyncpg.create_pool(self.app.dsn, min_size=1, max_size=self.concurrency + 2, **options,
                                              server_settings={"application_name": self.application_name})
         except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
             raise JoblaneError(f"cannot use the database: {describe(exc)}") from None

@@ -14,7 +14,9 @@ import asyncio
 import json
 import logging
 import os
+import random
 import socket
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +26,7 @@ import asyncpg
 
 from .. import store, telemetry
 from ..errors import JoblaneError, SchemaVersionError
-from ..lifecycle import GracefulSignals, retry_delay, sleep_unless
+from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
 from ..maintenance import Pruner, Rescuer, Scheduler
 from ..migrations import check_async
 from ..notifier import Notifier
@@ -33,6 +35,7 @@ from ..steps import Steps
 from ..types import Job, Outcome
 from .completer import Completer
 from .executor import execute, give_back, now
+from .heartbeat import Heartbeat, LoopWatch, snapshot
 from .limiter import Limiter
 from .producer import Producer
 
@@ -71,6 +74,9 @@ class Worker:
         prune_interval: float = 60.0,
         name: str | None = None,
         connect_timeout: float = 60.0,
+        pgbouncer: bool = False,
+        stall_warning: float = 2.0,
+        unknown_kind_timeout: float = 600.0,
     ):
         if concurrency < 1:
             raise JoblaneError("concurrency must be at least 1")
@@ -80,6 +86,19 @@ class Worker:
             raise JoblaneError("grace_seconds must be >= 0")
         if not connect_timeout >= 0:
             raise JoblaneError("connect_timeout must be >= 0")
+        if not stall_warning > 0:
+            raise JoblaneError("stall_warning must be a positive number of seconds")
+        if not unknown_kind_timeout >= 0:
+            raise JoblaneError("unknown_kind_timeout must be >= 0 seconds")
+        # Behind PgBouncer in transaction pooling: no named prepared statements
+        # (asyncpg's statement cache off) and no LISTEN (it needs a session): poll.
+        self.pgbouncer = bool(pgbouncer)
+        if self.pgbouncer:
+            listen = False
+        self.stall_warning = float(stall_warning)
+        # a job of a kind no live worker knows fails once it is this old; before
+        # that, and while another live worker knows the kind, it is given back
+        self.unknown_kind_timeout = float(unknown_kind_timeout)
         # how long a starting worker waits for an unreachable database before it exits
         self.connect_timeout = float(connect_timeout)
         self.app = app
@@ -116,6 +135,10 @@ class Worker:
         self.scheduler: Scheduler | None = None  # made at run() when the app has periodic schedules
 
         self._active: dict[int, tuple[asyncio.Task, Job]] = {}
+        self._heartbeat: Heartbeat | None = None
+        self._loop_watch = LoopWatch()
+        self._kinds_elsewhere: dict[str, tuple[float, bool]] = {}  # kind -> (checked at, known by a live worker)
+        self._unknown_logged: set[str] = set()
         self._revoked: set[int] = set()
         self._stopping = asyncio.Event()
         self._run_slots = asyncio.Semaphore(concurrency)
@@ -147,8 +170,10 @@ class Worker:
         deadline = asyncio.get_running_loop().time() + self.connect_timeout
         while True:
             try:
+                options: dict = {"statement_cache_size": 0} if self.pgbouncer else {}
                 pool = await asyncpg.create_pool(self.app.dsn, min_size=3, max_size=6,
-                                                 server_settings={"application_name": self.application_name})
+                                                 server_settings={"application_name": self.application_name},
+                                                 **options)
                 async with pool.acquire() as conn:
                     await check_async(conn, self.app.schema)
                 return pool
@@ -186,6 +211,7 @@ class Worker:
     async def _run_job(self, job: Job, headers: str | None = None) -> None:
         outcome: Outcome | None
         started = None
+        quiet = False
         try:
             async with self._run_slots:
                 started = now()
@@ -195,6 +221,9 @@ class Worker:
                     # pending again at the end of the pause, its attempt not spent
                     outcome = give_back(job, started, f"queue {job.queue} is paused",
                                         delay=self.limiter.paused_for(job.queue))
+                elif job.kind not in self.app.tasks and (left := await self._wait_for_kind(job)) is not None:
+                    outcome = give_back(job, started, left[0], delay=left[1])
+                    quiet = True  # said once per kind in _wait_for_kind
                 else:
                     with telemetry.run_span(job, headers) as span:
                         outcome = await execute(self.app.tasks.get(job.kind), job, self._threads)
@@ -209,40 +238,77 @@ class Worker:
             self._active.pop(job.id, None)
             self.producer.freed()
         if outcome is not None:
-            telemetry.job_finished(self, job, outcome, headers)  # metrics and the log line
+            telemetry.job_finished(self, job, outcome, headers, quiet=quiet)  # metrics and the log line
             if outcome.pause:  # RetryAfter(pause_queue=True): stop the queue here and for every worker
                 await self.limiter.pause(job.queue, outcome.pause, outcome.error)
             await self.completer.put(outcome)
 
-    # -- heartbeats -------------------------------------------------------
+    # -- kinds this worker does not know (rolling deploys) --------------------
 
-    async def _heartbeat(self, done: asyncio.Event) -> None:
-        """Extend the leases of every claimed job (and of those whose outcome is not yet written) in one
-        statement every ``heartbeat_seconds``; stop the task of a job that is no longer ours."""
-        while not done.is_set():
-            await sleep_unless(done, self.heartbeat_seconds)
-            if done.is_set():
-                return
-            running = list(self._active)
-            ids = running + [o.job_id for o in self.completer.pending]
-            if not ids:
-                continue
-            try:
-                async with self._pool.acquire() as conn:
-                    rows = await store.records(conn, self.store.extend_leases(ids, self.name, self.lease_seconds))
-                owned = {r[0] for r in rows}
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("heartbeat failed (%s)", first_line(exc))
-                continue
-            for job_id in running:
-                if job_id not in owned and job_id in self._active:
-                    task, job = self._active[job_id]
-                    log.warning("job %d (%s) is no longer ours (cancelled or rescued): stopping its task",
-                                job_id, job.kind)
-                    self._revoked.add(job_id)
-                    task.cancel()
+    async def _wait_for_kind(self, job: Job) -> tuple[str, float] | None:
+        """Why and how long to give back a job of a kind this worker does not know; None to fail it now.
+
+        During a rolling deploy the producers may be newer than this worker:
+        while another live worker knows the kind, the job is left for it; while
+        none does, it waits until it is ``unknown_kind_timeout`` old, then fails.
+        """
+        known = await self._known_elsewhere(job.kind)
+        age = time.time() - job.created_at.timestamp() if job.created_at else 0.0
+        if not known and age >= self.unknown_kind_timeout:
+            return None
+        if job.kind not in self._unknown_logged:
+            self._unknown_logged.add(job.kind)
+            log.warning("this worker does not know task kind %r (queue %s); %s", job.kind, job.queue,
+                        "leaving its jobs to a live worker that does" if known else
+                        f"no live worker knows it either: its jobs wait, and fail once "
+                        f"{self.unknown_kind_timeout:g}s old")
+        if known:
+            return (f"worker {self.name} does not know task kind {job.kind!r}: left for a live worker that does",
+                    random.uniform(1.0, 3.0))
+        return (f"no live worker knows task kind {job.kind!r}: waiting for one (it fails once "
+                f"{self.unknown_kind_timeout:g}s old)", min(30.0, max(1.0, self.unknown_kind_timeout - age)))
+
+    async def _known_elsewhere(self, kind: str) -> bool:
+        checked = self._kinds_elsewhere.get(kind)
+        if checked is not None and time.monotonic() - checked[0] < 5.0:
+            return checked[1]
+        try:
+            async with self._pool.acquire() as conn:
+                known = bool(await store.value(conn, self.store.kind_known_live(kind, self.name)))
+        except Exception as exc:  # noqa: BLE001 - when unsure, wait rather than fail
+            log.warning("cannot read which workers know %r (%s)", kind, first_line(exc))
+            known = True
+        self._kinds_elsewhere[kind] = (time.monotonic(), known)
+        return known
+
+    # -- heartbeats and the process registry --------------------------------
+
+    def _registration(self) -> store.Statement:
+        return self.store.register_process(self.name, "worker", socket.gethostname(), os.getpid(), version(),
+                                           self.queues, sorted(self.app.tasks), self.concurrency,
+                                           self.lease_seconds)
+
+    def _leased_ids(self) -> list[int]:
+        """Every job whose lease this worker must keep: running, prefetched, or its outcome not yet written."""
+        return snapshot(lambda: self._active) + [o.job_id for o in snapshot(lambda: self.completer.pending)]
+
+    def _revoke(self, lost: set[int]) -> None:
+        """On the loop: stop the tasks of jobs that are no longer ours (cancelled, or rescued meanwhile)."""
+        for job_id in lost:
+            if job_id in self._active:
+                task, job = self._active[job_id]
+                log.warning("job %d (%s) is no longer ours (cancelled or rescued): stopping its task",
+                            job_id, job.kind)
+                self._revoked.add(job_id)
+                task.cancel()
+
+    def _job_on_the_loop(self) -> str | None:
+        """From the heartbeat thread: the job whose task the loop is running now."""
+        task = asyncio.current_task(self._loop)
+        for job_id, (job_task, job) in snapshot(lambda: self._active.items()):
+            if job_task is task:
+                return f"job {job_id} ({job.kind})"
+        return None
 
     # -- lifecycle --------------------------------------------------------
 
@@ -261,9 +327,18 @@ class Worker:
         await self.limiter.start(self._pool, self._stopping)  # before the first claim
         log.info("worker %s: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
         self.completer.start(self._pool)
+        async with self._pool.acquire() as conn:
+            await store.records(conn, self._registration())
+        self._heartbeat = Heartbeat(
+            dsn=self.app.dsn, store=self.store, worker=self.name, lease_seconds=self.lease_seconds,
+            interval=self.heartbeat_seconds, jobs=self._leased_ids, running=lambda: len(self._active),
+            revoke=self._revoke, register=self._registration, loop=loop, watch=self._loop_watch,
+            stall_warning=self.stall_warning, current_job=self._job_on_the_loop, stats=self.stats,
+            application_name=f"{self.application_name} heartbeat")
+        self._heartbeat.start()
         services_done = asyncio.Event()
         background = [
-            asyncio.create_task(self._heartbeat(services_done), name="heartbeat"),
+            asyncio.create_task(self._loop_watch.run(services_done), name="loop-watch"),
             asyncio.create_task(self.rescuer.run(self._pool, self._stopping), name="rescuer"),
             asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="pruner"),
             asyncio.create_task(self.limiter.run(self._stopping), name="limiter"),
@@ -303,7 +378,14 @@ class Worker:
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if self._heartbeat is not None:
+            await asyncio.to_thread(self._heartbeat.stop)
         if self._pool is not None:
+            try:
+                async with self._pool.acquire() as conn:
+                    await store.records(conn, self.store.deregister_process(self.name))
+            except Exception as exc:  # noqa: BLE001 - the rescuer drops the row once its lease runs out
+                log.warning("could not deregister (%s)", first_line(exc))
             try:
                 await asyncio.wait_for(self._pool.close(), 5.0)
             except Exception:
