@@ -260,7 +260,8 @@ class WorkerMetrics:
     * ``joblane_jobs_total{queue,kind,outcome}``: tries by outcome (done, retry, snoozed, failed, held);
     * ``joblane_job_duration_seconds{queue,kind}``: how long tries ran;
     * ``joblane_jobs_running``: tries running now;
-    * ``joblane_completions_stale_total``: outcomes that arrived after their job was rescued or cancelled.
+    * ``joblane_completions_stale_total``: outcomes that arrived after their job was rescued or cancelled;
+    * ``joblane_event_loop_stalls_total``, ``joblane_event_loop_blocked_seconds_total``: tasks that blocked the loop.
     """
 
     def __init__(self, worker: Any):
@@ -314,9 +315,15 @@ class _StaleCollector:
         yield CounterMetricFamily("joblane_completions_stale",
                                   "Outcomes that arrived after their job was rescued or cancelled.",
                                   value=self.worker.stats.get("stale", 0))
+        yield CounterMetricFamily("joblane_event_loop_stalls",
+                                  "Times a task blocked the worker's event loop for --stall-warning seconds or more.",
+                                  value=self.worker.stats.get("loop_stalls", 0))
+        yield CounterMetricFamily("joblane_event_loop_blocked_seconds",
+                                  "Seconds the worker's event loop spent blocked in those stalls.",
+                                  value=self.worker.stats.get("loop_stalled_seconds", 0))
 
 
-def serve_metrics(worker: Any, port: int, host: str = "0.0.0.0") -> WorkerMetrics:
+def serve_metrics(worker: Any, port: int, host: str = "127.0.0.1") -> WorkerMetrics:
     """Attach metrics to ``worker`` and serve them at ``http://host:port/metrics`` from a thread."""
     from prometheus_client import start_http_server
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import signal
+import urllib.request
 
 from joblane import JobSpec
 
@@ -20,7 +22,7 @@ def _registered(conn, app, n: int) -> bool:
 def test_an_async_task_that_blocks_the_loop_past_its_lease_runs_once_and_ends_done(app, conn, spawn_worker):
     create_runs_table(conn, app.schema)
     env = {"TEST_LEASE": "3"}  # heartbeats every second; the task blocks the loop for 8
-    workers = [spawn_worker(OLD, app.schema, "--concurrency", "2", env=env) for _ in range(2)]
+    workers = [spawn_worker(OLD, app.schema, "--concurrency", "2", "--metrics-port", "0", env=env) for _ in range(2)]
     wait_until(lambda: _registered(conn, app, 2), message="both workers registered")
     job_id = app.enqueue(conn, "blocks_loop", {"seconds": 8})
     wait_until(lambda: count(conn, app, "state = 'done'") == 1, timeout=60, message="the job done")
@@ -33,6 +35,12 @@ def test_an_async_task_that_blocks_the_loop_past_its_lease_runs_once_and_ends_do
                message="the end of the stall logged")
     logs = "".join(w.output() for w in workers)
     assert "the event loop has been blocked" in logs and "runs.py" in logs and "blocks_loop" in logs, logs[-3000:]
+    stalls = 0.0
+    for w in workers:  # the stall is counted in the metrics of the worker that ran the task
+        port = re.search(r"metrics at http://127\.0\.0\.1:(\d+)/metrics", w.output()).group(1)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        stalls += float(re.search(r"^joblane_event_loop_stalls_total (\S+)$", text, re.M).group(1))
+    assert stalls == 1.0
     for w in workers:
         w.signal(signal.SIGTERM)
         assert w.wait(30) == 0, w.output()[-2000:]

@@ -59,13 +59,15 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
               help="Prune done/cancelled jobs older than this many seconds.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
-              help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs joblane[telemetry]).")
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs joblane[telemetry]).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address the metrics listen on (0.0.0.0 for every interface).")
 @click.option("-v", "--verbose", is_flag=True)
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, claim_batch: int | None,
            poll_interval: float, lease_seconds: float | None, grace_seconds: float, no_listen: bool,
            retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float,
-           metrics_port: int | None = None, pgbouncer: bool = False, stall_warning: float = 2.0,
+           metrics_port: int | None = None, metrics_host: str = "127.0.0.1", pgbouncer: bool = False, stall_warning: float = 2.0,
            unknown_kind_timeout: float = 600.0) -> None:
     """Run the tasks of APP (module:attribute naming a joblane.App)."""
     from ..worker import Worker
@@ -84,7 +86,7 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
     if metrics_port is not None:
         from ..telemetry import serve_metrics
 
-        run_or_fail(lambda: serve_metrics(w, metrics_port))
+        run_or_fail(lambda: serve_metrics(w, metrics_port, metrics_host))
     run_or_fail(lambda: asyncio.run(w.run()))
 
 
