@@ -182,7 +182,7 @@ def test_worker_log_lines_are_json_on_request(app, conn, spawn_worker):
     lines = [json.loads(line) for line in w.output().splitlines() if line.startswith("{")]
     [done] = [line for line in lines if line["logger"] == "joblane.jobs"]
     assert (done["job_id"], done["kind"], done["outcome"], done["attempt"]) == (job_id, "record", "done", 1)
-    assert any(line["message"].startswith("metrics at http://0.0.0.0:") for line in lines)
+    assert any(line["message"].startswith("metrics at http://127.0.0.1:") for line in lines)  # loopback by default
 
 
 async def test_prometheus_metrics_are_served(app, conn):

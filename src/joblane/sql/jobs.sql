@@ -196,6 +196,8 @@ SELECT pg_try_advisory_xact_lock($1::bigint);
 -- attempt for that worker. One that arrives later (the worker lost its lease
 -- while the task ran on) changes nothing in jobs; its result is kept here, on
 -- the 'lost' or 'cancelled' row the rescue or the cancel wrote for that try.
+-- A try the task finished itself (complete_job in its own transaction) has
+-- its 'done' row already: nothing to note.
 WITH late AS (
     SELECT o.id, o.attempt, o.outcome, o.error, o.finished_at
       FROM jsonb_to_recordset($1::text::jsonb)
@@ -206,7 +208,7 @@ UPDATE {schema}.attempts a
            'outcome', l.outcome, 'error', l.error, 'worker', $2::text,
            'finished_at', to_timestamp(l.finished_at)))
   FROM late l
- WHERE a.job_id = l.id AND a.attempt = l.attempt
+ WHERE a.job_id = l.id AND a.attempt = l.attempt AND a.outcome IN ('lost', 'cancelled')
 RETURNING a.job_id;
 
 -- name: register_process

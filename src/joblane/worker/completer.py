@@ -66,17 +66,19 @@ class Completer:
         async with self._pool.acquire() as conn:
             applied = await store.records(conn, self.store.complete_jobs(outcome_rows(batch), self.name))
             skipped = len(batch) - len(applied)
+            noted: list = []
             if skipped:
                 # the job was rescued or cancelled while the task ran on: keep what it did on that try's
                 # attempts row (meta.late), so a run that happened leaves a trace
                 done = {r[0] for r in applied}
                 late = [o for o in batch if o.job_id not in done]
-                await store.records(conn, self.store.note_late_outcomes(outcome_rows(late), self.name))
+                noted = await store.records(conn, self.store.note_late_outcomes(outcome_rows(late), self.name))
         for o in batch:
             self.stats[o.outcome] += 1
         if skipped:
             self.stats["stale"] += skipped
+        if noted:
             log.warning("completer: %d outcomes arrived after their job was rescued or cancelled (jobs %s); "
-                        "kept on their attempts rows as meta.late", skipped,
-                        ", ".join(str(o.job_id) for o in late[:10]))
+                        "kept on their attempts rows as meta.late", len(noted),
+                        ", ".join(str(r[0]) for r in noted[:10]))
         return [r[0] for r in applied]
