@@ -396,3 +396,28 @@ def test_the_cli_and_the_dashboard_read_the_same_time_text_the_same_way(app, con
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+async def test_a_held_jobs_page_labels_the_reviewer_data_and_the_hold_is_no_error(app, conn, client):
+    from joblane.testing import drain
+
+    import joblane
+
+    @app.task("classify")
+    async def classify(job: joblane.Job):
+        if not job.payload.get("approved"):
+            raise joblane.Hold("low confidence", {"label": "maybe"})
+        return {"label": "hot"}
+
+    job_id = app.enqueue(conn, "classify", {"lead": 1})
+    await drain(app)
+    held = client.get(f"/jobs/{job_id}").text
+    assert "<h3>Data for the reviewer</h3>" in held and "<h3>Result</h3>" not in held
+    assert "<th>held because</th><td>low confidence</td>" in held
+    assert 'class="err">Hold: low confidence' not in held
+    app.release(conn, job_id, {"approved": True})
+    await drain(app)
+    done = client.get(f"/jobs/{job_id}").text
+    assert "<h3>Result</h3>" in done and "Data for the reviewer" not in done
+    assert 'class="err"' not in done.split('<table class="kv">')[1].split("</table>")[0]
+    assert "<th>was held because</th><td>low confidence</td>" in done
