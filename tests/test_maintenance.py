@@ -164,9 +164,9 @@ async def test_a_late_outcome_is_kept_on_the_attempts_row_of_its_try(app, conn, 
     finally:
         await pool.close()
     assert stats["stale"] == 1
-    outcome, meta = conn.execute(f"SELECT outcome, meta FROM {table(app, 'attempts')} WHERE job_id = %s",
-                                 (job_id,)).fetchone()
-    assert outcome == "lost"
+    outcome, meta, worker, started = conn.execute(
+        f"SELECT outcome, meta, worker, started_at FROM {table(app, 'attempts')} WHERE job_id = %s", (job_id,)).fetchone()
+    assert (outcome, worker) == ("lost", "blocked-worker") and started is not None, "the lost try keeps its start"
     assert meta["late"]["outcome"] == "done" and meta["late"]["worker"] == "blocked-worker"
 
 

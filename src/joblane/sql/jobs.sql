@@ -79,7 +79,8 @@ UPDATE {schema}.jobs AS j
    SET state = 'running',
        attempts = j.attempts + 1,
        worker = $3,
-       lease_until = now() + make_interval(secs => $4::float8)
+       lease_until = now() + make_interval(secs => $4::float8),
+       started_at = now()
  WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.attempts, j.max_attempts,
           j.priority, j.created_at, j.replay_of, j.headers::text AS headers;
@@ -133,7 +134,7 @@ RETURNING id;
 -- name: rescue_expired
 -- Give back up to $1 running jobs whose lease expired: pending again, or failed when out of attempts.
 WITH lost AS (
-    SELECT id, worker
+    SELECT id, worker, started_at
       FROM {schema}.jobs
      WHERE state = 'running' AND lease_until < now()
      ORDER BY lease_until
@@ -150,10 +151,10 @@ WITH lost AS (
            finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END
       FROM lost
      WHERE j.id = ANY(ARRAY(SELECT id FROM lost)) AND j.id = lost.id
- RETURNING j.id, j.state, j.attempts, lost.worker, j.last_error
+ RETURNING j.id, j.state, j.attempts, lost.worker, lost.started_at, j.last_error
 ), audit AS (
-    INSERT INTO {schema}.attempts (job_id, attempt, worker, outcome, error)
-    SELECT id, attempts, worker, 'lost', last_error FROM rescued
+    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error)
+    SELECT id, attempts, worker, started_at, 'lost', last_error FROM rescued
 )
 SELECT id, state FROM rescued;
 

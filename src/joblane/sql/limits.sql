@@ -171,7 +171,8 @@ WITH lim AS MATERIALIZED (
        SET state = 'running',
            attempts = j.attempts + 1,
            worker = $3,
-           lease_until = now() + make_interval(secs => $4::float8)
+           lease_until = now() + make_interval(secs => $4::float8),
+           started_at = now()
      WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
  RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.attempts, j.max_attempts,
            j.priority, j.created_at, j.replay_of, j.headers::text AS headers

@@ -50,6 +50,7 @@ CREATE TABLE {schema}.jobs (
     replay_of bigint,
     result jsonb,
     run_after timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
     state text DEFAULT 'pending'::text NOT NULL,
     unique_key text,
     worker text,

@@ -1,4 +1,9 @@
--- joblane schema, version 3: the registry of running workers and relays.
+-- joblane schema, version 3: the registry of running workers and relays, and when a running try started.
+
+-- When the running try of a job started (set by the claim): the attempts row
+-- a rescue or a cancel writes for that try keeps its real start.
+ALTER TABLE {schema}.jobs ADD COLUMN started_at timestamptz;
+
 --
 -- Every worker and relay registers at start and heartbeats its row while it
 -- runs (its own thread, so a task that blocks the event loop does not stop
