@@ -94,3 +94,26 @@ async def test_sigterm_lets_the_batch_in_flight_finish(app, conn, joblane_dsn, r
     assert code == 0, relay.output()
     assert [(i, s) for i, s, *_ in outbox_rows(conn, app)] == [(i, "sent") for i in ids]
     assert receiver.keys().count(f"outbox:{ids[0]}") == 1
+
+
+async def test_a_relay_behind_pgbouncer_in_transaction_pooling_delivers_every_message_once(
+        app, conn, joblane_dsn, receiver, spawn_relay):
+    from ..deploy.pgbouncer import pgbouncer
+
+    with pgbouncer(joblane_dsn, pool_mode="transaction", pool_size=3) as pooled:
+        with psycopg.connect(pooled) as c:  # psycopg's default prepare threshold: publish must not prepare
+            for i in range(300):
+                with c.transaction():
+                    app.publish(c, "hook.pooled", {"i": i}, key=f"k{i % 7}")
+        relay = spawn_relay(APP, app.schema, "--pgbouncer", "--poll-interval", "0.2", "--batch-size", "50",
+                            env={"TEST_HTTP_URL": receiver.url, "DATABASE_URL": pooled})
+        await eventually(lambda: len(receiver.posts()) >= 300, timeout=60, message="every message delivered")
+        await eventually(lambda: all(s == "sent" for _, s, *_ in outbox_rows(conn, app)), timeout=30,
+                         message="every row marked sent")
+        relay.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(relay.proc.wait, 30) == 0, relay.output()
+    keys = receiver.keys()
+    assert len(keys) == 300 == len(set(keys)), "each message once"
+    problems = [line for line in relay.output().splitlines()
+                if '"level": "warning"' in line.lower() or '"level": "error"' in line.lower() or "Traceback" in line]
+    assert problems == [], relay.output()[-3000:]
