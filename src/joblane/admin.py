@@ -88,6 +88,17 @@ def job_states(app: Any, ids: Sequence[int], conn: Any = None) -> dict[int, str]
     return {i: s for i, s in _rows(app, conn, app.store.job_states(list(ids)))}
 
 
+# -- workers and relays ----------------------------------------------------------------
+
+_PROCESS_KEYS = ("name", "role", "host", "pid", "version", "queues", "kinds", "concurrency", "running",
+                 "started_at", "last_seen", "lease_until")
+
+
+def processes(app: Any, conn: Any = None) -> list[dict[str, Any]]:
+    """The live workers and relays (registered, their registration not expired), oldest first."""
+    return [dict(zip(_PROCESS_KEYS, r)) for r in _rows(app, conn, app.store.list_processes())]
+
+
 # -- the review queue --------------------------------------------------------------
 
 

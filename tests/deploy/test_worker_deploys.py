@@ -78,3 +78,28 @@ def test_a_kind_no_live_worker_knows_fails_once_old_enough(app, conn, spawn_work
     assert "unknown task kind 'added_later'" in last_error and attempts == 1
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0
+
+
+def test_joblane_workers_lists_live_workers_and_drops_stopped_ones(app, conn, spawn_worker):
+    import json
+    import subprocess
+    import sys
+
+    from ..conftest import ROOT
+
+    worker = spawn_worker(OLD, app.schema, "--concurrency", "3", "-q", "default")
+    wait_until(lambda: _registered(conn, app, 1), message="the worker registered")
+    env = {"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema, "PATH": "/usr/bin:/bin"}
+
+    def listed() -> list[dict]:
+        done = subprocess.run([sys.executable, "-m", "joblane", "workers", "--json"], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    [row] = listed()
+    assert (row["pid"], row["role"], row["queues"], row["concurrency"]) == (worker.proc.pid, "worker", ["default"], 3)
+    assert "record" in row["kinds"] and row["version"]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert listed() == []

@@ -1,0 +1,37 @@
+"""`joblane workers`: the live workers and relays, from their registrations."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from .. import admin, rules
+from .common import app_from_context, console, emit_json, run_or_fail, show_time
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def workers(ctx: click.Context, as_json: bool) -> None:
+    """Live workers and relays: host, pid, version, queues, running jobs, last heartbeat."""
+    app = app_from_context(ctx)
+    rows = run_or_fail(lambda: admin.processes(app))
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        console.print("no live workers or relays")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("name", "role", "host", "pid", "version", "queues", "kinds", "running", "started", "last seen"):
+        table.add_column(col, overflow="fold")
+    now = rules.utc_now()
+    for r in rows:
+        running = f"{r['running']}/{r['concurrency']}" if r["concurrency"] else str(r["running"])
+        table.add_row(r["name"], r["role"], r["host"], str(r["pid"]), r["version"], ",".join(r["queues"]) or "-",
+                      str(len(r["kinds"])), running, show_time(r["started_at"]),
+                      rules.format_age((now - r["last_seen"]).total_seconds()) + " ago")
+    console.print(table)
+
+
+COMMANDS = (workers,)
