@@ -188,3 +188,27 @@ async def test_retry_and_cancel_admin_calls(app, conn):
     assert app.job_states([pending, 999_999]) == {pending: "cancelled"}
     with pytest.raises(joblane.JoblaneError):
         app.retry()
+
+
+async def test_the_pruner_catches_up_on_a_backlog_in_short_rounds(app, conn, joblane_dsn):
+    """A backlog of many rounds' worth of history is gone within seconds, not one round per interval."""
+    conn.execute(
+        f"INSERT INTO {table(app, 'jobs')} (queue, kind, state, attempts, finished_at)"
+        " SELECT 'default', 'k', 'done', 1, now() - interval '2 hours' FROM generate_series(1, 25000)")
+    keep = app.enqueue(conn, "k", {})
+    pruner = Pruner(app.store, retention=3600, batch=1000, interval=60)  # 4,000 per round, a minute apart
+    pool = await asyncpg.create_pool(joblane_dsn, min_size=1, max_size=2)
+    stopping = asyncio.Event()
+    runner = asyncio.create_task(pruner.run(pool, stopping))
+    try:
+        for _ in range(200):
+            if pruner.total >= 25000:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        stopping.set()
+        await runner
+        await pool.close()
+    assert pruner.total == 25000 and pruner.runs >= 7, "caught up in rounds that came back at once"
+    assert not pruner.behind
+    assert [r[0] for r in conn.execute(f"SELECT id FROM {table(app, 'jobs')}")] == [keep]

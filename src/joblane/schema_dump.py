@@ -3,7 +3,7 @@
     python -m joblane.schema_dump            # rewrite sql/schema.sql from a freshly migrated schema
 
 The dump is generated from the catalog (tables, columns, constraints,
-indexes), so every DDL change a migration makes shows in review as a diff of
+storage options such as autovacuum settings, indexes), so every DDL change a migration makes shows in review as a diff of
 schema.sql. tests/test_schema.py checks that the migration chain produces
 exactly this file, and that applying the file produces the same catalog.
 """
@@ -35,6 +35,9 @@ _CONSTRAINTS = """
 SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
  WHERE conrelid = %s::regclass AND contype IN ('p', 'c', 'u', 'f') ORDER BY conname
 """
+_OPTIONS = """
+SELECT array_to_string(reloptions, ', ') FROM pg_class WHERE oid = %s::regclass AND reloptions IS NOT NULL
+"""
 _INDEXES = """
 SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
  WHERE x.indrelid = %s::regclass
@@ -62,7 +65,9 @@ def dump(conn: psycopg.Connection, schema: str) -> str:
             lines.append(col)
         for name, definition in conn.execute(_CONSTRAINTS, (rel,)).fetchall():
             lines.append(f"    CONSTRAINT {name} {definition}")
-        out.append(f"CREATE TABLE {{schema}}.{table} (\n" + ",\n".join(lines) + "\n);")
+        options = conn.execute(_OPTIONS, (rel,)).fetchone()
+        out.append(f"CREATE TABLE {{schema}}.{table} (\n" + ",\n".join(lines) + "\n)"
+                   + (f" WITH ({options[0]})" if options else "") + ";")
         for _name, definition in conn.execute(_INDEXES, (rel,)).fetchall():
             out.append(_generic(definition, schema) + ";")
         out.append("")

@@ -310,11 +310,18 @@ class _StaleCollector:
         self.worker = worker
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield CounterMetricFamily("joblane_completions_stale",
                                   "Outcomes that arrived after their job was rescued or cancelled.",
                                   value=self.worker.stats.get("stale", 0))
+        pruner = getattr(self.worker, "pruner", None)
+        if pruner is not None:
+            yield CounterMetricFamily("joblane_pruned_jobs", "Finished jobs this worker's pruner deleted.",
+                                      value=pruner.total)
+            yield GaugeMetricFamily("joblane_pruner_behind",
+                                    "1 while the pruner has more history to delete than its last round took.",
+                                    value=1.0 if pruner.behind else 0.0)
         yield CounterMetricFamily("joblane_event_loop_stalls",
                                   "Times a task blocked the worker's event loop for --stall-warning seconds or more.",
                                   value=self.worker.stats.get("loop_stalls", 0))

@@ -9,8 +9,10 @@ from .service import Service
 
 
 class OutboxPruner(Service):
+    """Deletes sent outbox rows in short rounds; behind, the next round comes at once (as the job Pruner)."""
+
     name = "outbox-pruner"
-    max_batches = 20  # per round, so one round never holds the lock for long
+    max_batches = 4  # per round: short transactions, many rounds when behind
 
     def __init__(self, store: Store, *, retention: float, interval: float = 60.0, batch: int = 5000, **kw: Any):
         super().__init__(store, interval=interval, **kw)
@@ -22,4 +24,9 @@ class OutboxPruner(Service):
     async def _work(self, conn: Any) -> list[int]:
         """The ids of the rows deleted."""
         stmt = self.store.prune_outbox(self.retention, self.batch)
-        return [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
+        rows = [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
+        self.behind = len(rows) >= self.batch * self.max_batches
+        return rows
+
+    def report(self, done: list) -> None:
+        self.log.debug("%s: %d rows%s", self.name, len(done), " (more to do)" if self.behind else "")

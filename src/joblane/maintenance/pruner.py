@@ -9,8 +9,16 @@ from .service import Service
 
 
 class Pruner(Service):
+    """Deletes history in rounds of at most ``max_batches`` batches, one transaction each.
+
+    A round that deletes all it may has more to do: the next one comes at
+    once (``behind``), so the pruner keeps up with any rate the workers
+    reach, in short transactions that let autovacuum reuse the space as it
+    goes. ``total`` counts the jobs deleted (a metric).
+    """
+
     name = "pruner"
-    max_batches = 20  # per round, so one round never holds the lock for long
+    max_batches = 4  # per round: short transactions, many rounds when behind
 
     def __init__(self, store: Store, *, retention: float = 7 * 86400.0, prune_failed: bool = False,
                  interval: float = 60.0, batch: int = 5000, **kw: Any):
@@ -24,4 +32,9 @@ class Pruner(Service):
     async def _work(self, conn: Any) -> list[int]:
         """The ids of the jobs deleted."""
         stmt = self.store.prune_finished(self.retention, self.prune_failed, self.batch)
-        return [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
+        rows = [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
+        self.behind = len(rows) >= self.batch * self.max_batches
+        return rows
+
+    def report(self, done: list) -> None:
+        self.log.debug("%s: %d rows%s", self.name, len(done), " (more to do)" if self.behind else "")

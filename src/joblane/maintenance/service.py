@@ -72,8 +72,14 @@ class Service:
         if done:
             self.log.info("%s: %d rows", self.name, len(done))
 
+    # Set by a round that stopped with work left (a pruner behind the rate of
+    # the workers): the next round comes at once instead of an interval later.
+    behind = False
+
     def next_delay(self) -> float:
         """Seconds until the next round."""
+        if self.behind:
+            return 0.01
         return self.interval * random.uniform(1 - self.jitter, 1 + self.jitter)
 
     async def run(self, pool: Any, stopping: asyncio.Event) -> None:

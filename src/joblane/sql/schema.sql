@@ -13,7 +13,7 @@ CREATE TABLE {schema}.attempts (
     worker text,
     CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text]))),
     CONSTRAINT attempts_pkey PRIMARY KEY (id)
-);
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
 CREATE INDEX attempts_finished ON {schema}.attempts USING btree (finished_at);
 CREATE INDEX attempts_job ON {schema}.attempts USING btree (job_id, attempt);
 CREATE INDEX attempts_model ON {schema}.attempts USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
@@ -59,7 +59,7 @@ CREATE TABLE {schema}.jobs (
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'held'::text, 'cancelled'::text])))
-);
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
 CREATE INDEX jobs_failed ON {schema}.jobs USING btree (queue, finished_at) WHERE (state = 'failed'::text);
 CREATE INDEX jobs_finished ON {schema}.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX jobs_held ON {schema}.jobs USING btree (queue, id) WHERE (state = 'held'::text);
@@ -87,7 +87,7 @@ CREATE TABLE {schema}.outbox (
     CONSTRAINT outbox_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT outbox_pkey PRIMARY KEY (id),
     CONSTRAINT outbox_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sent'::text, 'failed'::text])))
-);
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
 CREATE INDEX outbox_failed ON {schema}.outbox USING btree (topic, id) WHERE (state = 'failed'::text);
 CREATE INDEX outbox_key_unsent ON {schema}.outbox USING btree (topic, key, id) WHERE ((state <> 'sent'::text) AND (key IS NOT NULL));
 CREATE INDEX outbox_ready ON {schema}.outbox USING btree (run_after, id) WHERE (state = 'pending'::text);

@@ -28,3 +28,19 @@ CREATE TABLE {schema}.processes (
 );
 -- "Does any live worker know kind k?" reads the few live rows' arrays.
 CREATE INDEX processes_kinds ON {schema}.processes USING gin (kinds);
+
+-- Autovacuum for a queue. Every job leaves row versions behind (the claim,
+-- the completion, the pruner's delete); PostgreSQL's defaults wait for 20 %
+-- of a table to be dead before vacuuming it and then throttle the vacuum,
+-- which a busy queue outruns. These tables are vacuumed after 1 % (or 1,000
+-- rows) and at ten times the default cost limit, so dead rows stay few and
+-- their space is reused instead of growing the table.
+ALTER TABLE {schema}.jobs SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_limit = 2000, autovacuum_vacuum_cost_delay = 1);
+ALTER TABLE {schema}.attempts SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000,
+    autovacuum_vacuum_cost_delay = 1);
+ALTER TABLE {schema}.outbox SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000,
+    autovacuum_vacuum_cost_delay = 1);
