@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Sustained load: a producer at a fixed rate, one worker and one relay, for a given time; a table every 30 s.
+
+    .venv/bin/python benchmarks/soak.py --rate 1500 --minutes 10 --retention 120
+
+It starts a PostgreSQL cluster of its own (``initdb``, PostgreSQL's default
+settings: autovacuum on) so that vacuum and table growth are measured as a
+production database would see them, prints the autovacuum settings it ran
+with, then every 30 s: the size of joblane's tables, live rows and dead row
+versions of ``jobs``, what finished per second, and the backlog. The
+producer commits ``--batch`` jobs per transaction and one outbox message per
+10 jobs; the relay delivers them to a sink that drops them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "benchmarks.soak_app:app"
+
+
+def pg_bin(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    for version in sorted(os.listdir("/usr/lib/postgresql"), reverse=True) if os.path.isdir("/usr/lib/postgresql") else []:
+        candidate = f"/usr/lib/postgresql/{version}/bin/{name}"
+        if os.path.exists(candidate):
+            return candidate
+    sys.exit(f"error: {name} not found (install PostgreSQL's server package)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A throwaway PostgreSQL with default settings, run as the postgres user when we are root."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="joblane-soak-"))
+        self.port = free_port()
+        self.as_postgres = os.geteuid() == 0
+        if self.as_postgres:
+            shutil.chown(self.dir, "postgres")
+
+    def run(self, *args: str) -> None:
+        command = list(args)
+        if self.as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+    def start(self) -> str:
+        data = self.dir / "data"
+        self.run(pg_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        self.run(pg_bin("pg_ctl"), "-D", str(data), "-l", str(self.dir / "server.log"), "-w", "start",
+                 "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1")
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def stop(self) -> None:
+        try:
+            self.run(pg_bin("pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+SIZES = """
+SELECT c.relname, pg_total_relation_size(c.oid), s.n_live_tup, s.n_dead_tup, s.last_autovacuum
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+ WHERE n.nspname = 'joblane' AND c.relkind = 'r'
+"""
+
+
+def sample(conn) -> dict:
+    tables = {name: (size, live, dead, vacuumed) for name, size, live, dead, vacuumed in conn.execute(SIZES)}
+    # every try inserts one attempts row; the counter is monotonic though the pruner deletes the rows
+    done = conn.execute("SELECT n_tup_ins FROM pg_stat_user_tables WHERE schemaname = 'joblane'"
+                        " AND relname = 'attempts'").fetchone()[0]
+    backlog = conn.execute("SELECT count(*) FROM joblane.jobs WHERE state = 'pending'").fetchone()[0]
+    unsent = conn.execute("SELECT count(*) FROM joblane.outbox WHERE state = 'pending'").fetchone()[0]
+    return {"tables": tables, "done": done, "backlog": backlog, "unsent": unsent, "at": time.monotonic()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=1500.0, help="jobs per second the producer commits")
+    parser.add_argument("--batch", type=int, default=50, help="jobs per producer transaction")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--retention", default="120", help="worker and relay --retention (seconds or 7d)")
+    parser.add_argument("--every", type=float, default=30.0, help="seconds between table rows")
+    args = parser.parse_args()
+
+    cluster = Cluster()
+    dsn = cluster.start()
+    procs: list[subprocess.Popen] = []
+    env = {**os.environ, "DATABASE_URL": dsn, "JOBLANE_SCHEMA": "joblane", "PYTHONPATH": str(ROOT)}
+    logs = cluster.dir / "logs"
+    logs.mkdir()
+    try:
+        subprocess.run([sys.executable, "-m", "joblane", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            settings = conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN ('autovacuum', 'autovacuum_naptime',"
+                " 'autovacuum_vacuum_scale_factor', 'autovacuum_vacuum_cost_limit', 'autovacuum_vacuum_cost_delay',"
+                " 'synchronous_commit', 'shared_buffers', 'server_version') ORDER BY name").fetchall()
+            print("cluster:", ", ".join(f"{k}={v}" for k, v in settings))
+            print("joblane tables: autovacuum_vacuum_scale_factor=0.01, cost_limit=2000, cost_delay=1ms "
+                  "(migration 3)")
+            print(f"load: {args.rate:g} jobs/s in transactions of {args.batch}, one outbox message per 10 jobs; "
+                  f"one worker, one relay, retention {args.retention}")
+            for command, extra in (("worker", ["--retention", args.retention]),
+                                   ("relay", ["--retention", args.retention])):
+                log = open(logs / f"{command}.log", "w")
+                procs.append(subprocess.Popen([sys.executable, "-m", "joblane", command, APP, *extra], env=env,
+                                              cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+            producer = subprocess.Popen([sys.executable, "-m", "benchmarks.soak_app", str(args.rate), str(args.batch),
+                                         str(args.minutes * 60)], env=env, cwd=ROOT)
+            procs.append(producer)
+            header = ("t (s)", "jobs MB", "attempts MB", "outbox MB", "jobs rows", "jobs dead", "tries/s",
+                      "backlog", "unsent")
+            print(" | ".join(header))
+            print(" | ".join("---" for _ in header))
+            started = time.monotonic()
+            last = sample(conn)
+            rows = []
+            while producer.poll() is None:
+                time.sleep(args.every)
+                now = sample(conn)
+                rate = (now["done"] - last["done"]) / (now["at"] - last["at"])
+                t = now["at"] - started
+                jobs = now["tables"].get("jobs", (0, 0, 0, None))
+                mb = {k: v[0] / 2**20 for k, v in now["tables"].items()}
+                row = (f"{t:.0f}", f"{mb.get('jobs', 0):.0f}", f"{mb.get('attempts', 0):.0f}",
+                       f"{mb.get('outbox', 0):.1f}", f"{jobs[1]:,}", f"{jobs[2]:,}", f"{rate:,.0f}",
+                       f"{now['backlog']:,}", f"{now['unsent']:,}")
+                rows.append((t, rate, sum(v[0] for v in now["tables"].values())))
+                print(" | ".join(row), flush=True)
+                last = now
+            if rows:
+                print(f"total size of joblane's tables at the end: {rows[-1][2] / 2**20:.0f} MB")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
