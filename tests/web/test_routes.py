@@ -216,13 +216,17 @@ def test_a_token_guards_every_page(app):
         assert c.get("/metrics").status_code == 401
         assert c.get("/metrics", headers={"authorization": f"Bearer {token}"}).status_code == 200
         assert c.get("/static/joblane.css").status_code == 200
+        login = c.get("/login").text
+        assert "<nav>" not in login, "signed-out visitors see no navigation"
+        assert '<label for="token">Dashboard token</label>' in login
         form = csrf_of(c, "/login")
         wrong = c.post("/login", data={"token": "nope", "csrf": form, "next": "/jobs"})
         assert wrong.status_code == 401 and "auth" not in "".join(c.cookies.keys())
         ok = c.post("/login", data={"token": token, "csrf": form, "next": "/jobs"})
         assert ok.status_code == 303 and ok.headers["location"] == "/jobs"
         assert token not in ok.headers["set-cookie"]  # the cookie holds a MAC, not the token
-        assert c.get("/jobs").status_code == 200
+        jobs = c.get("/jobs")
+        assert jobs.status_code == 200 and "<nav>" in jobs.text and "Prometheus metrics</a>" in jobs.text
 
 
 def test_binding_beyond_loopback_requires_a_token():
@@ -421,3 +425,16 @@ async def test_a_held_jobs_page_labels_the_reviewer_data_and_the_hold_is_no_erro
     assert "<h3>Result</h3>" in done and "Data for the reviewer" not in done
     assert 'class="err"' not in done.split('<table class="kv">')[1].split("</table>")[0]
     assert "<th>was held because</th><td>low confidence</td>" in done
+
+
+def test_idle_registered_workers_show_on_the_overview(app, conn, client):
+    store_sql = app.store.register_process("idle-host:77:cafe", "worker", "idle-host", 77, "1.2.3", ["leads"],
+                                           ["classify"], 4, 30.0)
+    run_sql(conn, store_sql.sql, store_sql.args)
+    relay = app.store.register_process("relay-host:78:f00d", "relay", "relay-host", 78, "1.2.3", [], [], None, 30.0)
+    run_sql(conn, relay.sql, relay.args)
+    html = client.get("/").text
+    workers = html[html.index('id="workers"'):]
+    assert "idle-host:77:cafe" in workers and "relay-host:78:f00d" in workers
+    assert re.search(r"idle-host:77:cafe</code>.*?</td>\s*<td class=\"num\">0/4</td>", workers, re.S)
+    assert "idle" in workers and "No worker or relay is running" not in html

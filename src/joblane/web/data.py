@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 from psycopg_pool import ConnectionPool
 
-from .. import store
+from .. import admin, store
 from ..app import App
 from ..rules import hold_reason
 from ..types import JOB_STATES
@@ -104,12 +104,30 @@ class Data:
                 for ago, finished, failed in self._rows(self.app.store.dashboard_throughput(minutes))]
 
     def workers(self, job_sample: int = 8) -> list[dict[str, Any]]:
-        """Workers that hold running jobs, with their leases (a worker with no running job leaves no trace)."""
-        return [
-            {"worker": w, "jobs": n, "queues": queues, "first_lease_left": first, "last_lease_left": last,
-             "running": list(zip(ids, kinds)), "expired": first is not None and first < 0}
-            for w, n, queues, first, last, ids, kinds in self._rows(self.app.store.dashboard_workers(job_sample))
-        ]
+        """Every live worker and relay (the registry, idle ones too) and every worker holding running jobs.
+
+        A worker holding leases but no longer registered (it died) shows from
+        its leases alone, flagged when they have expired.
+        """
+        now = dt.datetime.now(dt.timezone.utc)
+        by_name: dict[str, dict[str, Any]] = {}
+        for p in self.processes():
+            by_name[p["name"]] = {"worker": p["name"], "role": p["role"], "host": p["host"], "pid": p["pid"],
+                                  "version": p["version"], "queues": p["queues"], "concurrency": p["concurrency"],
+                                  "jobs": 0, "running": [], "first_lease_left": None, "last_lease_left": None,
+                                  "expired": False, "registered": True,
+                                  "seen_ago": (now - p["last_seen"]).total_seconds()}
+        for w, n, queues, first, last, ids, kinds in self._rows(self.app.store.dashboard_workers(job_sample)):
+            row = by_name.setdefault(w, {"worker": w, "role": "worker", "queues": queues, "registered": False,
+                                         "concurrency": None, "seen_ago": None})
+            row.update({"jobs": n, "first_lease_left": first, "last_lease_left": last,
+                        "running": list(zip(ids, kinds)), "expired": first is not None and first < 0})
+        return list(by_name.values())
+
+    def processes(self) -> list[dict[str, Any]]:
+        """The live workers and relays, from their registrations."""
+        with self.connection() as conn:
+            return admin.processes(self.app, conn)
 
     def paused_queues(self) -> list[dict[str, Any]]:
         return [{"queue": q, "seconds_left": left, "reason": reason}

@@ -212,6 +212,8 @@ class Dashboard:
             "csrf_field": CSRF_FIELD,
             "flash": message,
             "signed_in": self.guard.token is not None and self.guard.authenticated(request),
+            # the navigation is for those who may see the pages: everyone on loopback, else the signed-in
+            "show_nav": self.guard.token is None or self.guard.authenticated(request),
             "path": request.url.path,
             "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
         }
