@@ -203,3 +203,23 @@ async def test_queues_without_limits_keep_the_plain_claim(app, conn):
     worker.request_stop()
     assert (await runner)["done"] == 20
     assert rows(conn, app, "SELECT count(*) AS n FROM {queue_starts}") == [{"n": 0}]
+
+
+async def test_a_pause_holds_the_plain_claim_of_every_worker_at_once(app, conn, joblane_dsn):
+    """No refresh interval: the claim statement itself skips a paused queue, whoever runs it."""
+    import asyncpg
+
+    from joblane import store
+
+    app.enqueue(conn, "k", {}, queue="plain")
+    app.enqueue(conn, "k", {}, queue="other")
+    app.pause_queue(conn, "plain", 60, "provider outage")
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        claimed = await store.records(c, app.store.claim_jobs(["plain", "other"], 10, "w-1", 30.0))
+        assert [r["queue"] for r in claimed] == ["other"]
+        assert app.resume_queue(conn, "plain")
+        claimed = await store.records(c, app.store.claim_jobs(["plain", "other"], 10, "w-2", 30.0))
+        assert [r["queue"] for r in claimed] == ["plain"]
+    finally:
+        await c.close()

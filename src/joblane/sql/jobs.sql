@@ -72,6 +72,9 @@ WITH picked AS (
              LIMIT $2
                FOR UPDATE SKIP LOCKED
          ) AS ready
+     -- a paused queue (App.pause_queue, RetryAfter(pause_queue=True), `joblane limits pause`) gives
+     -- no job to any worker from the moment the pause commits: one primary-key probe per queue
+     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses AS p WHERE p.queue = q.name AND p.until > now())
      ORDER BY ready.priority, ready.run_after, ready.id
      LIMIT $2
 )

@@ -8,9 +8,10 @@ without limits keep the plain claim, untouched.
 
 ``RetryAfter(seconds, pause_queue=True)`` pauses the whole queue: the worker
 that caught it stops claiming from the queue at once and writes
-``queue_pauses``; a limited claim checks the pause in the same statement,
-and workers serving an unlimited queue see it at their next refresh (every
-``refresh_interval`` seconds, 2 by default).
+``queue_pauses``; every claim, limited or plain, checks the pause in the
+same statement, so every worker stops at once. The refresh (every
+``refresh_interval`` seconds, 2 by default) only tells this worker which
+queues need the limited claim and when a pause ends, to wake up then.
 """
 
 from __future__ import annotations
