@@ -141,3 +141,23 @@ def test_limits_pause_resume_and_clear_print_json(app):
     assert run("limits", "resume", "models") == {"queue": "models", "resumed": True}
     run("limits", "set", "models", "--concurrency", "3")
     assert run("limits", "clear", "models") == {"queue": "models", "cleared": True}
+
+
+def test_export_to_a_file_shows_progress_on_a_terminal_only(app, conn, tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from joblane.cli import review
+
+    job = app.enqueue(conn, "report", {})
+    conn.execute(f"INSERT INTO {table(app, 'attempts')} (job_id, attempt, started_at, finished_at, outcome)"
+                 " VALUES (%s, 1, now(), now(), 'done')", (job,))
+    env = {"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema}
+    piped = CliRunner().invoke(main, ["attempts", "export", "-o", str(tmp_path / "a.csv")], env=env)
+    assert piped.exit_code == 0 and piped.stderr == "" and piped.stdout.startswith("wrote 1 attempt to")
+    screen = io.StringIO()
+    monkeypatch.setattr(review, "err_console", Console(file=screen, force_terminal=True, width=100))
+    shown = CliRunner().invoke(main, ["attempts", "export", "-o", str(tmp_path / "b.csv")], env=env)
+    assert shown.exit_code == 0 and "attempts written" in screen.getvalue()
+    assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
