@@ -46,8 +46,11 @@ def status(app: Any, conn: Any = None) -> list[dict[str, Any]]:
 
 
 def list_jobs(app: Any, conn: Any = None, *, state: str | None = None, kind: str | None = None,
-              queue: str | None = None, before_id: int | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    rows = _rows(app, conn, app.store.list_jobs(state, kind, queue, before_id, limit))
+              queue: str | None = None, before_id: int | None = None, limit: int = 50, since: Any = None,
+              until: Any = None) -> list[dict[str, Any]]:
+    """Jobs newest first; ``since``/``until`` bound when they were created (the time rule: rules.parse_when)."""
+    rows = _rows(app, conn, app.store.list_jobs(state, kind, queue, before_id, limit, parse_when(since, "since"),
+                                                parse_when(until, "until")))
     return [dict(zip(_LIST_KEYS, r)) for r in rows]
 
 
@@ -70,17 +73,72 @@ def get_job(app: Any, job_id: int, conn: Any = None) -> dict[str, Any] | None:
     return job
 
 
+# The states each bulk action takes jobs from; the guarded statements check them again.
+RETRYABLE = ("failed", "cancelled")
+CANCELLABLE = ("pending", "held", "running")
+BULK_ACTIONS = ("retry", "cancel", "release", "reject")
+
+
+def _states(action: str, ids: Sequence[int] | None, state: str | Sequence[str] | None) -> list[str]:
+    """The states ``action`` touches: by id, every state it can act on; by filter, ``state`` or its default."""
+    if action in ("release", "reject"):
+        allowed: tuple[str, ...] = ("held",)
+        default = allowed
+    elif action == "retry":
+        allowed, default = RETRYABLE, ("failed",)
+    elif action == "cancel":
+        allowed = default = CANCELLABLE
+    else:
+        raise JoblaneError(f"unknown bulk action {action!r}: use one of {', '.join(BULK_ACTIONS)}")
+    if ids is not None:
+        return list(allowed)
+    states = [state] if isinstance(state, str) else list(state) if state else list(default)
+    for s in states:
+        if s not in allowed:
+            raise JoblaneError(f"{action} acts on {' or '.join(allowed)} jobs, not {s!r} ones")
+    return states
+
+
+def _has_filter(*values: Any) -> bool:
+    return any(v is not None and v != () and v != [] for v in values)
+
+
+def count_matching(app: Any, conn: Any = None, *, action: str, ids: Sequence[int] | None = None,
+                   kind: str | None = None, queue: str | None = None, state: str | Sequence[str] | None = None,
+                   since: Any = None, until: Any = None, sample: int = 20) -> tuple[int, list[int]]:
+    """How many jobs ``action`` (retry, cancel, release, reject) would touch with these arguments, and the
+    first ``sample`` of their ids: what a command shows before it asks to go ahead."""
+    states = _states(action, ids, state)
+    rows = _rows(app, conn, app.store.count_jobs(list(ids) if ids is not None else None, states, kind, queue,
+                                                 parse_when(since, "since"), parse_when(until, "until"), sample))
+    n, first = rows[0]
+    return n, list(first)
+
+
 def retry(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None, kind: str | None = None,
-          queue: str | None = None, all_failed: bool = False) -> list[int]:
-    if ids is None and kind is None and queue is None and not all_failed:
-        raise JoblaneError("retry needs job ids, a filter (kind, queue) or all_failed=True")
-    rows = _rows(app, conn, app.store.retry_jobs(list(ids) if ids is not None else None, kind, queue, "failed"))
+          queue: str | None = None, all_failed: bool = False, state: str | Sequence[str] | None = None,
+          since: Any = None, until: Any = None) -> list[int]:
+    """Failed (or cancelled) jobs back to pending: by id, or every job matching the filters (created in
+    [since, until); ``state`` failed by default, or cancelled)."""
+    if ids is None and not _has_filter(kind, queue, state, since, until) and not all_failed:
+        raise JoblaneError("retry needs job ids, a filter (kind, queue, state, since, until) or all_failed=True")
+    states = _states("retry", ids, state)
+    rows = _rows(app, conn, app.store.retry_jobs(list(ids) if ids is not None else None, kind, queue, states,
+                                                 parse_when(since, "since"), parse_when(until, "until")))
     return sorted(r[0] for r in rows)
 
 
-def cancel(app: Any, conn: Any = None, *, ids: Sequence[int], reason: str | None = None,
-           actor: str | None = None) -> list[int]:
-    rows = _rows(app, conn, app.store.cancel_jobs(list(ids), reason, actor or default_actor()))
+def cancel(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None, reason: str | None = None,
+           actor: str | None = None, kind: str | None = None, queue: str | None = None,
+           state: str | Sequence[str] | None = None, since: Any = None, until: Any = None) -> list[int]:
+    """Cancel pending, held or running jobs: by id, or every job matching the filters (created in
+    [since, until); ``state`` any of pending, held, running by default)."""
+    if ids is None and not _has_filter(kind, queue, state, since, until):
+        raise JoblaneError("cancel needs job ids or a filter (kind, queue, state, since, until)")
+    states = _states("cancel", ids, state)
+    rows = _rows(app, conn, app.store.cancel_jobs(list(ids) if ids is not None else None, reason,
+                                                  actor or default_actor(), states, kind, queue,
+                                                  parse_when(since, "since"), parse_when(until, "until")))
     return sorted(r[0] for r in rows)
 
 
@@ -146,6 +204,26 @@ def reject(app: Any, conn: Any, job_id: int, reason: str, *, actor: str | None =
     raise _not_applied(app, conn, job_id, "rejected")
 
 
+def release_held(app: Any, conn: Any, *, kind: str | None = None, queue: str | None = None, since: Any = None,
+                 until: Any = None, payload_patch: dict | None = None, actor: str | None = None,
+                 note: str | None = None) -> list[int]:
+    """Every held job matching the filters (created in [since, until)) back to pending, payload patched;
+    with a patch, a job whose payload is not a JSON object stays held. Returns the ids released."""
+    patch = _patch_json(app, payload_patch)
+    rows = _rows(app, conn, app.store.release_jobs(kind, queue, parse_when(since, "since"), parse_when(until, "until"),
+                                                   patch, actor or default_actor(), note, app.notify, app.channel))
+    return sorted(r[0] for r in rows)
+
+
+def reject_held(app: Any, conn: Any, reason: str, *, kind: str | None = None, queue: str | None = None,
+                since: Any = None, until: Any = None, actor: str | None = None) -> list[int]:
+    """Cancel every held job matching the filters (created in [since, until)), recording ``reason``."""
+    check_text("reject reason", reason, 4000)
+    rows = _rows(app, conn, app.store.reject_jobs(kind, queue, parse_when(since, "since"), parse_when(until, "until"),
+                                                  reason, actor or default_actor()))
+    return sorted(r[0] for r in rows)
+
+
 def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
     """``["prompt_version=v2", "retries=3"]`` -> a payload patch; values are JSON when they parse, else text."""
     patch: dict[str, Any] = {}
@@ -157,6 +235,8 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
             value = json.loads(raw)
         except ValueError:
             value = raw
+        # refused here, naming the option typed, rather than later as "payload_patch contains ..."
+        to_json(f"--set {key.strip()}", value)
         patch[key.strip()] = value
     return patch
 

@@ -352,9 +352,12 @@ class App:
         queue: str | None = None,
         before_id: int | None = None,
         limit: int = 50,
+        since: Any = None,
+        until: Any = None,
     ) -> list[dict[str, Any]]:
-        """Jobs newest first, filtered; page with ``before_id`` (keyset)."""
-        return admin.list_jobs(self, conn, state=state, kind=kind, queue=queue, before_id=before_id, limit=limit)
+        """Jobs newest first, filtered (``since``/``until`` bound when they were created); page with ``before_id``."""
+        return admin.list_jobs(self, conn, state=state, kind=kind, queue=queue, before_id=before_id, limit=limit,
+                               since=since, until=until)
 
     def get_job(self, job_id: int, conn: Any = None) -> dict[str, Any] | None:
         """One job with its attempts, or None."""
@@ -368,17 +371,37 @@ class App:
         kind: str | None = None,
         queue: str | None = None,
         all_failed: bool = False,
+        state: str | Sequence[str] | None = None,
+        since: Any = None,
+        until: Any = None,
     ) -> list[int]:
         """Put failed (or, by id, cancelled) jobs back to pending; returns the ids retried.
 
-        ``all_failed=True`` with no ids or filter retries every failed job.
+        ``all_failed=True`` with no ids or filter retries every failed job. The
+        filters match every job, not a page: ``state`` (failed by default, or
+        cancelled), ``kind``, ``queue``, and ``since``/``until`` on when it was created.
         """
-        return admin.retry(self, conn, ids=ids, kind=kind, queue=queue, all_failed=all_failed)
+        return admin.retry(self, conn, ids=ids, kind=kind, queue=queue, all_failed=all_failed, state=state,
+                           since=since, until=until)
 
-    def cancel(self, conn: Any = None, *, ids: Sequence[int], reason: str | None = None,
-               actor: str | None = None) -> list[int]:
-        """Cancel pending, held or running jobs; returns the ids cancelled."""
-        return admin.cancel(self, conn, ids=ids, reason=reason, actor=actor)
+    def cancel(self, conn: Any = None, *, ids: Sequence[int] | None = None, reason: str | None = None,
+               actor: str | None = None, kind: str | None = None, queue: str | None = None,
+               state: str | Sequence[str] | None = None, since: Any = None, until: Any = None) -> list[int]:
+        """Cancel pending, held or running jobs, by id or every one matching the filters; returns the ids cancelled.
+
+        Filters: ``state`` (pending, held or running; all three by default),
+        ``kind``, ``queue``, and ``since``/``until`` on when it was created.
+        """
+        return admin.cancel(self, conn, ids=ids, reason=reason, actor=actor, kind=kind, queue=queue, state=state,
+                            since=since, until=until)
+
+    def count_matching(self, conn: Any = None, *, action: str, ids: Sequence[int] | None = None,
+                       kind: str | None = None, queue: str | None = None, state: str | Sequence[str] | None = None,
+                       since: Any = None, until: Any = None, sample: int = 20) -> tuple[int, list[int]]:
+        """How many jobs ``action`` ("retry", "cancel", "release", "reject") would touch with these filters,
+        with the first ``sample`` ids."""
+        return admin.count_matching(self, conn, action=action, ids=ids, kind=kind, queue=queue, state=state,
+                                    since=since, until=until, sample=sample)
 
     def job_states(self, ids: Sequence[int], conn: Any = None) -> dict[int, str]:
         return admin.job_states(self, ids, conn)
@@ -402,6 +425,19 @@ class App:
     def reject(self, conn: Any, job_id: int, reason: str, *, actor: str | None = None) -> int:
         """Cancel a held job, recorded in ``attempts`` as 'rejected' with ``reason``."""
         return admin.reject(self, conn, job_id, reason, actor=actor)
+
+    def release_held(self, conn: Any, *, kind: str | None = None, queue: str | None = None, since: Any = None,
+                     until: Any = None, payload_patch: dict | None = None, actor: str | None = None,
+                     note: str | None = None) -> list[int]:
+        """``release`` every held job matching the filters (``since``/``until`` on when it was created);
+        returns the ids released. With a patch, a job whose payload is not a JSON object stays held."""
+        return admin.release_held(self, conn, kind=kind, queue=queue, since=since, until=until,
+                                  payload_patch=payload_patch, actor=actor, note=note)
+
+    def reject_held(self, conn: Any, reason: str, *, kind: str | None = None, queue: str | None = None,
+                    since: Any = None, until: Any = None, actor: str | None = None) -> list[int]:
+        """``reject`` every held job matching the filters; returns the ids rejected."""
+        return admin.reject_held(self, conn, reason, kind=kind, queue=queue, since=since, until=until, actor=actor)
 
     def replay(self, conn: Any, *, ids: Sequence[int] | None = None, kind: str | None = None,
                queue: str | None = None, state: str | Sequence[str] | None = None, since: Any = None,

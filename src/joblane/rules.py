@@ -285,5 +285,19 @@ def format_span(seconds: float) -> str:
     return "s" if seconds == 1 else f"{seconds:g}s"
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 job``, ``2 jobs``, ``3 batches``."""
+    return f"{n:,} {noun}{'' if n == 1 else 'es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's'}"
+
+
+def tally(counts: Any, empty: str = "nothing") -> str:
+    """Counts for a log line, in their order: ``7 done, 1 retry``; ``empty`` when all are zero."""
+    def shown(n: Any) -> str:
+        return f"{n:.1f}" if isinstance(n, float) and not n.is_integer() else f"{n:g}"
+
+    parts = [f"{shown(n)} {str(name).replace('_', ' ')}" for name, n in dict(counts).items() if n]
+    return ", ".join(parts) or empty
+
+
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)

@@ -249,8 +249,8 @@ class Store:
     def status_counts(self) -> Statement:
         return self._s("status_counts")
 
-    def list_jobs(self, state, kind, queue, before_id, limit) -> Statement:
-        return self._s("list_jobs", state, kind, queue, before_id, limit)
+    def list_jobs(self, state, kind, queue, before_id, limit, created_from=None, created_before=None) -> Statement:
+        return self._s("list_jobs", state, kind, queue, before_id, limit, created_from, created_before)
 
     def get_job(self, job_id) -> Statement:
         return self._s("get_job", job_id)
@@ -258,11 +258,15 @@ class Store:
     def job_attempts(self, job_id) -> Statement:
         return self._s("job_attempts", job_id)
 
-    def retry_jobs(self, ids, kind, queue, state) -> Statement:
-        return self._s("retry_jobs", ids, kind, queue, state)
+    def retry_jobs(self, ids, kind, queue, states, created_from=None, created_before=None) -> Statement:
+        return self._s("retry_jobs", ids, kind, queue, states, created_from, created_before)
 
-    def cancel_jobs(self, ids, reason, actor) -> Statement:
-        return self._s("cancel_jobs", ids, reason, actor)
+    def cancel_jobs(self, ids, reason, actor, states=None, kind=None, queue=None, created_from=None,
+                    created_before=None) -> Statement:
+        return self._s("cancel_jobs", ids, reason, actor, states, kind, queue, created_from, created_before)
+
+    def count_jobs(self, ids, states, kind, queue, created_from, created_before, sample) -> Statement:
+        return self._s("count_jobs", ids, states, kind, queue, created_from, created_before, sample)
 
     def job_states(self, ids) -> Statement:
         return self._s("job_states", ids)
@@ -286,6 +290,14 @@ class Store:
 
     def reject_job(self, job_id, reason, actor) -> Statement:
         return self._s("reject_job", job_id, reason, actor)
+
+    def release_jobs(self, kind, queue, created_from, created_before, patch_json, actor, note, notify,
+                     channel) -> Statement:
+        return self._s("release_jobs", kind, queue, created_from, created_before, patch_json, actor, note, notify,
+                       channel)
+
+    def reject_jobs(self, kind, queue, created_from, created_before, reason, actor) -> Statement:
+        return self._s("reject_jobs", kind, queue, created_from, created_before, reason, actor)
 
     def job_replays(self, job_id) -> Statement:
         return self._s("job_replays", job_id)

@@ -213,7 +213,11 @@ def job_finished(worker: Any, job: Job, outcome: Outcome, headers: str | None = 
             parent = json.loads(headers).get("traceparent", "")
             if parent.count("-") == 3:
                 fields["trace_id"] = parent.split("-")[1]
-        took = f" in {seconds:.3f}s" if seconds is not None else ""
+        # how long the try ran, and when the next one starts: "retry (ran 0.001s, next try in 0.768s)"
+        notes = [f"ran {seconds:.3f}s"] if seconds is not None else []
+        if "retry_in" in fields:
+            notes.append(f"next try in {outcome.delay:.3f}s")
+        took = f" ({', '.join(notes)})" if notes else ""
         why = f": {outcome.error}" if outcome.error else ""
         job_log.log(level, "job %d %s (%s) attempt %d/%d: %s%s%s", job.id, job.kind, job.queue, job.attempt,
                      job.max_attempts, outcome.outcome, took, why, extra={"joblane": fields})

@@ -17,6 +17,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import joblane
 from joblane import telemetry
+from joblane.types import Job, Outcome
 from joblane.outbox import Relay
 from joblane.outbox.sinks import HttpSink
 from joblane.testing import drain
@@ -168,7 +169,22 @@ async def test_one_log_line_per_outcome_with_its_fields(app, conn, caplog):
         "job_id": a, "kind": "ok", "queue": "default", "attempt": 1, "max_attempts": 10, "outcome": "done",
         "state": "done", "seconds": None}
     assert lines[b].joblane["outcome"] == "held"
-    assert lines[b].getMessage().startswith(f"job {b} held (default) attempt 1/10: held in ")
+    assert lines[b].getMessage().startswith(f"job {b} held (default) attempt 1/10: held (ran ")
+
+
+def test_the_text_line_says_how_long_the_try_ran_and_when_the_next_one_starts(caplog):
+    # the run took a millisecond; the next try is 0.768s away: the text must not read "retry in 0.001s"
+    job = Job(id=18, kind="flaky", queue="leads", payload={}, attempt=1, max_attempts=2)
+    retry = Outcome.retry(18, 1, error="ValueError: no", delay=0.768, started_at=100.0, finished_at=100.001)
+    held = Outcome.hold(18, 1, error="Hold: look", started_at=100.0, finished_at=100.0)
+    with caplog.at_level(logging.INFO, logger="joblane.jobs"):
+        telemetry.job_finished(None, job, retry)
+        telemetry.job_finished(None, job, held)
+    first, second = (r for r in caplog.records if r.name == "joblane.jobs")
+    assert first.getMessage() == ("job 18 flaky (leads) attempt 1/2: retry (ran 0.001s, next try in 0.768s): "
+                                  "ValueError: no")
+    assert first.joblane["retry_in"] == 0.768 and first.joblane["seconds"] == pytest.approx(0.001)
+    assert second.getMessage() == "job 18 flaky (leads) attempt 1/2: held (ran 0.000s): Hold: look"
 
 
 def test_worker_log_lines_are_json_on_request(app, conn, spawn_worker):

@@ -12,11 +12,32 @@ from __future__ import annotations
 import click
 
 from . import core, dashboard, grants, outbox, processes, review, showcase
-from .common import Fail
+from .common import Fail, UsageFail
 
 
 class Commands(click.Group):
-    """The ``joblane`` group: refuses, in one line, an argument that is not valid UTF-8."""
+    """The ``joblane`` group: refuses, in one line, an argument that is not valid UTF-8; usage errors in one line.
+
+    click's own usage errors (a missing argument, an unknown option, a bad
+    value) read ``error: ...`` on one line like every other error, and keep
+    exit code 2.
+    """
+
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:  # type: ignore[no-untyped-def]
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise UsageFail.of(exc) from None
+
+    def invoke(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:  # parsing a subcommand, or a value its option refused
+            raise UsageFail.of(exc) from None
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         for arg in args:

@@ -9,13 +9,13 @@ from typing import Any
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
 from .. import rules
 from ..app import App
-from ..types import JOB_STATES
-from .common import (Fail, app_from_context, console, emit_json, needs_extra, parse_ids, report_changes,
-                     run_or_fail, setup_logging, show_time)
+from ..admin import CANCELLABLE, RETRYABLE
+from ..types import FINISHED_STATES, JOB_STATES
+from .common import (Duration, Fail, Table, app_from_context, bulk, bulk_options, console, emit_json, job_filters,
+                     needs_extra, parse_ids, print_table, report_changes, run_or_fail, setup_logging, show_time)
 
 
 @click.command()
@@ -55,8 +55,8 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
               help="Warn when a task blocks the event loop this many seconds.")
 @click.option("--unknown-kind-timeout", default=600.0, show_default=True, type=click.FloatRange(0),
               help="Fail a job of a kind no live worker knows once it is this many seconds old.")
-@click.option("--retention", "retention_seconds", default=7 * 86400.0, show_default=True, type=click.FloatRange(0),
-              help="Prune done/cancelled jobs older than this many seconds.")
+@click.option("--retention", "retention_seconds", default="7d", show_default=True, type=Duration(),
+              help="Prune done/cancelled jobs older than this: 7d, 12h, 30m, or plain seconds.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs joblane[telemetry]).")
@@ -116,33 +116,42 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if not per_queue:
         console.print(f"no jobs in schema {app.schema}")
     else:
-        console.print(table)
+        print_table(table)
 
 
 @click.group(invoke_without_command=True)
 @click.option("--state", type=click.Choice(JOB_STATES))
 @click.option("--kind")
 @click.option("--queue")
+@click.option("--since", help="Created at most this long ago (24h, 30m, 7d) or since an ISO time (UTC unless it has an offset).")
+@click.option("--until", help="... and created before this (same forms).")
 @click.option("--before", "before_id", type=int, help="Only ids below this (next page).")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def jobs(ctx: click.Context, state, kind, queue, before_id, limit, as_json) -> None:
+def jobs(ctx: click.Context, state, kind, queue, since, until, before_id, limit, as_json) -> None:
     """List jobs, newest first (`joblane jobs show ID` for one)."""
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
-    rows = run_or_fail(lambda: app.list_jobs(state=state, kind=kind, queue=queue, before_id=before_id, limit=limit))
+    rows = run_or_fail(lambda: app.list_jobs(state=state, kind=kind, queue=queue, before_id=before_id, limit=limit,
+                                             since=since, until=until))
     if as_json:
         emit_json(rows)
         return
+    # a finished job's time is when it finished; an unfinished one's is when it may (next) run
+    when = "finished" if state in FINISHED_STATES else "run after" if state else "run after / finished"
     table = Table()
-    for col in ("id", "queue", "kind", "state", "attempts", "run after", "last error"):
+    for col in ("id", "queue", "kind", "state", "attempts", when, "last error"):
         table.add_column(col, overflow="fold")
     for r in rows:
+        at = r["finished_at"] if r["state"] in FINISHED_STATES else r["run_after"]
         table.add_row(str(r["id"]), r["queue"], r["kind"], r["state"], f"{r['attempts']}/{r['max_attempts']}",
-                      show_time(r["run_after"]), (r["last_error"] or "")[:80])
-    console.print(table if rows else "no jobs match")
+                      show_time(at), (r["last_error"] or "")[:80])
+    if rows:
+        print_table(table)
+    else:
+        console.print("no jobs match")
     if len(rows) == limit:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
@@ -172,7 +181,7 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
                   "-" if job["result"] is None else escape(json.dumps(job["result"], indent=2)))
     if job.get("replays"):
         table.add_row("replayed by", ", ".join(f"{r['id']} ({r['state']})" for r in job["replays"]))
-    console.print(table)
+    print_table(table)
     if job["attempt_rows"]:
         at = Table(title="attempts")
         for col in ("#", "outcome", "worker", "started", "finished", "error", "meta"):
@@ -181,7 +190,7 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
             at.add_row(str(a["attempt"]), a["outcome"], a["worker"] or "-", show_time(a["started_at"]),
                        show_time(a["finished_at"]), (a["error"] or "")[:100],
                        json.dumps({k: v for k, v in (a["meta"] or {}).items() if k != "traceback"})[:100])
-        console.print(at)
+        print_table(at)
 
 
 def _skipped(app: App, asked: list[int] | None, done: list[int]) -> dict[int, str]:
@@ -189,40 +198,68 @@ def _skipped(app: App, asked: list[int] | None, done: list[int]) -> dict[int, st
     rest = [i for i in asked or () if i not in set(done)]
     if not rest:
         return {}
-    states = app.job_states(rest)
+    states = run_or_fail(lambda: app.job_states(rest))
     return {i: states.get(i, "missing") for i in rest}
+
+
+def _ids_or_filter(job_ids: tuple[str, ...], filters: dict[str, Any], flag: bool, flags: str) -> list[int] | None:
+    ids = parse_ids(job_ids) if job_ids else None
+    chosen = any(v not in (None, ()) for v in filters.values()) or flag
+    if ids is None and not chosen:
+        raise Fail(f"give job ids or a filter ({flags})")
+    if ids is not None and chosen:
+        raise Fail("give either job ids or a filter, not both")
+    return ids
 
 
 @click.command()
 @click.argument("job_ids", nargs=-1)
-@click.option("--kind", help="Retry every failed job of this kind.")
-@click.option("--queue", help="Retry every failed job in this queue.")
+@job_filters(RETRYABLE)
 @click.option("--all-failed", is_flag=True, help="Retry every failed job.")
+@bulk_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def retry(ctx: click.Context, job_ids, kind, queue, all_failed, as_json) -> None:
-    """Put failed (or cancelled, by id) jobs back to pending."""
-    ids = parse_ids(job_ids) if job_ids else None
-    if ids is None and not (kind or queue or all_failed):
-        raise Fail("give job ids, --kind, --queue or --all-failed")
-    if ids is not None and (kind or queue or all_failed):
-        raise Fail("give either job ids or a filter, not both")
+def retry(ctx: click.Context, job_ids, kind, queue, states, since, until, all_failed, yes, dry_run,
+          as_json) -> None:
+    """Put failed (or cancelled) jobs back to pending: by id, or every job matching the filters.
+
+    Without --state the filters match failed jobs. More than a hundred jobs are
+    counted and asked about first (--yes to go ahead, --dry-run to look).
+
+    Example: joblane retry --kind enrich_lead --since 2h
+    """
+    filters = {"kind": kind, "queue": queue, "state": list(states) or None, "since": since, "until": until}
+    ids = _ids_or_filter(job_ids, filters, all_failed, "--kind, --queue, --state, --since, --until or --all-failed")
     app = app_from_context(ctx)
-    done = run_or_fail(lambda: app.retry(ids=ids, kind=kind, queue=queue, all_failed=all_failed))
-    report_changes("retried", "job", done, _skipped(app, ids, done), as_json)
+    done = bulk(app, "retry", lambda: app.retry(ids=ids, all_failed=all_failed, **filters), ids=ids,
+                filters=filters, yes=yes, dry_run=dry_run, as_json=as_json)
+    if done is not None:
+        report_changes("retried", "job", done, _skipped(app, ids, done), as_json)
 
 
 @click.command()
-@click.argument("job_ids", nargs=-1, required=True)
+@click.argument("job_ids", nargs=-1)
+@job_filters(CANCELLABLE)
 @click.option("--reason", help="Recorded as last_error.")
+@bulk_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def cancel(ctx: click.Context, job_ids, reason, as_json) -> None:
-    """Cancel pending, held or running jobs (a running task stops at its next heartbeat)."""
-    ids = parse_ids(job_ids)
+def cancel(ctx: click.Context, job_ids, kind, queue, states, since, until, reason, yes, dry_run, as_json) -> None:
+    """Cancel pending, held or running jobs (a running task stops at its next heartbeat): by id, or every
+    job matching the filters.
+
+    More than a hundred jobs are counted and asked about first (--yes to go
+    ahead, --dry-run to look).
+
+    Example: joblane cancel --kind enrich_lead --state pending
+    """
+    filters = {"kind": kind, "queue": queue, "state": list(states) or None, "since": since, "until": until}
+    ids = _ids_or_filter(job_ids, filters, False, "--kind, --queue, --state, --since or --until")
     app = app_from_context(ctx)
-    done = run_or_fail(lambda: app.cancel(ids=ids, reason=reason))
-    report_changes("cancelled", "job", done, _skipped(app, ids, done), as_json)
+    done = bulk(app, "cancel", lambda: app.cancel(ids=ids, reason=reason, **filters), ids=ids, filters=filters,
+                yes=yes, dry_run=dry_run, as_json=as_json)
+    if done is not None:
+        report_changes("cancelled", "job", done, _skipped(app, ids, done), as_json)
 
 
 COMMANDS = (migrate, worker, status, jobs, retry, cancel)

@@ -7,11 +7,10 @@ import datetime as dt
 import json
 
 import click
-from rich.table import Table
 
 from .. import admin
-from .common import (Fail, app_from_context, console, emit_json, parse_ids, report_changes, run_or_fail,
-                     setup_logging, show_time)
+from .common import (Duration, Fail, Table, app_from_context, console, emit_json, parse_ids, print_table,
+                     report_changes, run_or_fail, setup_logging, show_time, working)
 
 
 @click.command()
@@ -31,8 +30,8 @@ from .common import (Fail, app_from_context, console, emit_json, parse_ids, repo
                    "(also JOBLANE_PGBOUNCER=1).")
 @click.option("--connect-timeout", default=60.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds a starting relay waits for an unreachable database before it exits.")
-@click.option("--retention", "retention_seconds", default=7 * 86400.0, show_default=True,
-              type=click.FloatRange(0), help="Delete sent rows older than this many seconds.")
+@click.option("--retention", "retention_seconds", default="7d", show_default=True, type=Duration(),
+              help="Delete sent rows older than this: 7d, 12h, 30m, or plain seconds.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-v", "--verbose", is_flag=True)
 @click.pass_context
@@ -74,7 +73,10 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
         table.add_row(str(r["id"]), r["topic"], r["key"] or "-", r["idempotency_key"] or f"outbox:{r['id']}",
                       r["state"], str(r["attempts"]), show_time(r["run_after"]) if r["state"] == "pending" else "-",
                       (r["last_error"] or "")[:80])
-    console.print(table if rows else "no outbox messages match")
+    if rows:
+        print_table(table)
+    else:
+        console.print("no outbox messages match")
     if len(rows) == limit:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
@@ -99,7 +101,7 @@ def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
         elif isinstance(value, dt.datetime):
             value = show_time(value)
         table.add_row(key, "-" if value is None else str(value))
-    console.print(table)
+    print_table(table)
 
 
 @outbox.command("retry")
@@ -118,8 +120,9 @@ def outbox_retry(ctx: click.Context, message_ids, topic, all_failed, attempts, a
     if ids and (topic or all_failed):
         raise Fail("give either message ids or a filter, not both")
     app = app_from_context(ctx)
-    done = run_or_fail(lambda: app.retry_outbox(ids=ids or None, topic=topic, all_failed=all_failed,
-                                           attempts=attempts))
+    with working("retrying outbox messages"):
+        done = run_or_fail(lambda: app.retry_outbox(ids=ids or None, topic=topic, all_failed=all_failed,
+                                                    attempts=attempts))
     skipped = {}
     for i in (i for i in ids if i not in set(done)):
         row = run_or_fail(lambda: admin.outbox_message(app, i))

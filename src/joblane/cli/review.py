@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import itertools
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 import click
 from rich.markup import escape
-from rich.table import Table
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from .. import admin, ratelimit, rules
 from ..types import JOB_STATES
-from .common import Fail, app_from_context, console, emit_json, jsonable, run_or_fail, show_time
+from .common import (CONFIRM_OVER, Fail, Table, app_from_context, bulk, bulk_options, console, emit_json,
+                     err_console, go_ahead, job_filters, jsonable, print_table, report_changes, run_or_fail, show_time,
+                     working)
 
 
 def _text(value: Any, width: int | None = None) -> str:
@@ -64,40 +67,98 @@ def held(ctx: click.Context, queue, kind, limit, as_json) -> None:
         held_for = rules.format_age((now - r["held_since"]).total_seconds())
         table.add_row(str(r["id"]), r["queue"], r["kind"], held_for, _text(r["reason"] or "held at enqueue", 80),
                       _text(r["data"], 120))
-    console.print(table)
+    print_table(table)
     console.print("[dim]joblane release ID [--set key=value]  |  joblane reject ID --reason TEXT[/dim]")
 
 
+def _one_or_filter(job_id: int | None, filters: dict[str, Any]) -> bool:
+    """True when the command names one job; refuses neither or both."""
+    chosen = any(v is not None for v in filters.values())
+    if job_id is None and not chosen:
+        raise Fail("give a job id or a filter (--kind, --queue, --since, --until)")
+    if job_id is not None and chosen:
+        raise Fail("give either a job id or a filter, not both")
+    return job_id is not None
+
+
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, required=False)
+@job_filters(None)
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=_SET_HELP)
 @click.option("--note", help="Recorded with the release in the audit trail.")
+@bulk_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def release(ctx: click.Context, job_id: int, sets, note, as_json) -> None:
-    """Send held job JOB_ID back to pending, optionally with payload fields changed."""
+def release(ctx: click.Context, job_id: int | None, kind, queue, since, until, sets, note, yes, dry_run,
+            as_json) -> None:
+    """Send held job JOB_ID (or every held job matching the filters) back to pending, optionally with payload
+    fields changed.
+
+    Example: joblane release --kind classify --set prompt_version=v2
+    """
+    filters = {"kind": kind, "queue": queue, "since": since, "until": until}
+    one = _one_or_filter(job_id, filters)
     app = app_from_context(ctx)
     patch = _patch(sets)
-    run_or_fail(lambda: app.release(None, job_id, patch, note=note))
+    if one and dry_run:  # would it be released: is it held?
+        bulk(app, "release", list, ids=[job_id], filters={}, yes=yes, dry_run=True, as_json=as_json)
+        return
+    if one:
+        run_or_fail(lambda: app.release(None, job_id, patch, note=note))
+        if as_json:
+            emit_json({"released": job_id, "payload_patch": patch or {}})
+        else:
+            console.print(f"released job {job_id}" + (f" with {escape(json.dumps(patch))}" if patch else ""))
+        return
+    done = bulk(app, "release", lambda: app.release_held(None, payload_patch=patch, note=note, **filters),
+                ids=None, filters=filters, yes=yes, dry_run=dry_run, as_json=as_json)
+    if done is None:
+        return
     if as_json:
-        emit_json({"released": job_id, "payload_patch": patch or {}})
+        emit_json({"released": done, "payload_patch": patch or {}})
     else:
-        console.print(f"released job {job_id}" + (f" with {escape(json.dumps(patch))}" if patch else ""))
+        report_changes("released", "job", done, {}, False)
+        if patch:
+            console.print(f"[dim]with {escape(json.dumps(patch))}[/dim]")
+    if patch:  # a payload that is not a JSON object takes no patch: those jobs stayed held
+        left, first = run_or_fail(lambda: app.count_matching(action="release", **filters))
+        if left:
+            err_console.print(f"[yellow]{rules.plural(left, 'matching job')} stayed held ({', '.join(map(str, first))}"
+                              f"{'...' * (left > len(first))}): a payload that is not a JSON object takes no --set"
+                              "[/yellow]", highlight=False)
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, required=False)
+@job_filters(None)
 @click.option("--reason", required=True, help="Why it is rejected (recorded as last_error and in the audit trail).")
+@bulk_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def reject(ctx: click.Context, job_id: int, reason: str, as_json) -> None:
-    """Cancel held job JOB_ID, recording why."""
+def reject(ctx: click.Context, job_id: int | None, kind, queue, since, until, reason: str, yes, dry_run,
+           as_json) -> None:
+    """Cancel held job JOB_ID (or every held job matching the filters), recording why."""
+    filters = {"kind": kind, "queue": queue, "since": since, "until": until}
+    one = _one_or_filter(job_id, filters)
     app = app_from_context(ctx)
-    run_or_fail(lambda: app.reject(None, job_id, reason))
+    if one and dry_run:
+        bulk(app, "reject", list, ids=[job_id], filters={}, yes=yes, dry_run=True, as_json=as_json)
+        return
+    if one:
+        run_or_fail(lambda: app.reject(None, job_id, reason))
+        if as_json:
+            emit_json({"rejected": job_id, "reason": reason})
+        else:
+            console.print(f"rejected job {job_id}: {escape(reason)}")
+        return
+    done = bulk(app, "reject", lambda: app.reject_held(None, reason, **filters), ids=None, filters=filters,
+                yes=yes, dry_run=dry_run, as_json=as_json)
+    if done is None:
+        return
     if as_json:
-        emit_json({"rejected": job_id, "reason": reason})
+        emit_json({"rejected": done, "reason": reason})
     else:
-        console.print(f"rejected job {job_id}: {escape(reason)}")
+        report_changes("rejected", "job", done, {}, False)
 
 
 # -- replays -------------------------------------------------------------------
@@ -115,19 +176,38 @@ def reject(ctx: click.Context, job_id: int, reason: str, as_json) -> None:
 @click.option("--skip-replayed", is_flag=True, help="Leave out jobs that already have a replay.")
 @click.option("--limit", type=click.IntRange(1), help="Replay at most this many (oldest ids first).")
 @click.option("--dry-run", is_flag=True, help="Show what would be inserted; insert nothing.")
+@click.option("-y", "--yes", is_flag=True,
+              help=f"Go ahead without asking, however many jobs match (asked above {CONFIRM_OVER}).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def replay(ctx: click.Context, job_ids, kind, queue, states, since, until, sets, skip_replayed, limit, dry_run,
-           as_json) -> None:
+           yes, as_json) -> None:
     """Insert new jobs copied from matching ones (payload patched, replay_of set); the old rows stay as they are.
+
+    More than a hundred jobs are counted and asked about first (--yes to go
+    ahead, --dry-run to look).
 
     Example: joblane replay --kind classify --state failed --since 24h --set prompt_version=v2
     """
     app = app_from_context(ctx)
     patch = _patch(sets)
-    rows = run_or_fail(lambda: app.replay(
-        None, ids=list(job_ids) or None, kind=kind, queue=queue, state=list(states) or None, since=since,
-        until=until, payload_patch=patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry_run))
+
+    def run(dry: bool) -> list[dict[str, Any]]:
+        return run_or_fail(lambda: app.replay(
+            None, ids=list(job_ids) or None, kind=kind, queue=queue, state=list(states) or None, since=since,
+            until=until, payload_patch=patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry))
+
+    few = (limit is not None and limit <= CONFIRM_OVER) or (job_ids and len(job_ids) <= CONFIRM_OVER)
+    n = None
+    if not dry_run and not yes and not few:
+        with working("counting the jobs to replay"):
+            n = len(run(True))
+        go_ahead(f"replay {rules.plural(n, 'job')}", n, yes=yes)
+    if dry_run:
+        rows = run(True)
+    else:
+        with working(f"replaying {rules.plural(n, 'job')}" if n is not None else "replaying"):
+            rows = run(False)
     if as_json:
         emit_json({"dry_run": dry_run, "jobs": rows})
         return
@@ -141,7 +221,7 @@ def replay(ctx: click.Context, job_ids, kind, queue, states, since, until, sets,
     for r in shown:
         table.add_row(str(r["replay_of"]), "-" if r["id"] is None else str(r["id"]), r["kind"], r["queue"],
                       r["state"], _text(r["payload"], 120))
-    console.print(table)
+    print_table(table)
     if len(rows) > len(shown):
         console.print(f"[dim]... and {len(rows) - len(shown)} more (--json lists them all)[/dim]")
     if dry_run:
@@ -187,7 +267,7 @@ def attempts(ctx: click.Context, kind, queue, outcome, model, since, job_id, bef
         table.add_row(str(r["id"]), str(r["job_id"]), _text(r["kind"]), str(r["attempt"]), r["outcome"],
                       _text(r["job_state"]), show_time(r["finished_at"]), ms, _text(r["meta"], 80),
                       _text(r["error"], 60))
-    console.print(table)
+    print_table(table)
     if len(rows) == limit:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
@@ -216,16 +296,35 @@ def attempts_export(ctx: click.Context, kind, queue, outcome, model, since, unti
     not matter. A file is written under a temporary name and renamed when complete.
     """
     app = app_from_context(ctx)
-    rows = app.export_attempts(kind=kind, queue=queue, outcome=outcome, model=model, since=since, until=until)
+    # the filters, the schema and the query are checked by reading the first row, before a byte is written:
+    # a bad filter or an unmigrated schema is one error line, not a CSV header followed by one
+    rows = run_or_fail(lambda: app.export_attempts(kind=kind, queue=queue, outcome=outcome, model=model,
+                                                   since=since, until=until))
+    first = run_or_fail(lambda: next(rows, None))
+    rows = itertools.chain([first], rows) if first is not None else iter(())
     partial = f"{output}.partial" if output else None
     out = open(partial, "w", newline="", encoding="utf-8") if partial else sys.stdout
+    # progress on a terminal's stderr, unless the rows themselves scroll by on that terminal
+    progress = err_console.is_terminal and (partial is not None or not console.is_terminal)
+
+    def counted(items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        if not progress:
+            yield from items
+            return
+        with Progress(SpinnerColumn(), TextColumn("{task.completed:,} attempts written"), TimeElapsedColumn(),
+                      console=err_console, transient=True) as bar:
+            task = bar.add_task("export")
+            for i, item in enumerate(items, 1):
+                yield item
+                if i % 500 == 0:
+                    bar.update(task, completed=i)
 
     def write() -> int:
         n = 0
         if fmt == "csv":
             writer = csv.writer(out)
             writer.writerow(CSV_COLUMNS)
-            for r in rows:
+            for r in counted(rows):
                 meta = r["meta"]
                 r["started_at"], r["finished_at"] = jsonable(r["started_at"]), jsonable(r["finished_at"])
                 r["meta"] = json.dumps(meta)
@@ -233,7 +332,7 @@ def attempts_export(ctx: click.Context, kind, queue, outcome, model, since, unti
                 writer.writerow([r[c] if c in r else meta.get(c) for c in CSV_COLUMNS])
                 n += 1
         else:
-            for r in rows:
+            for r in counted(rows):
                 out.write(json.dumps(jsonable(r), default=str) + "\n")
                 n += 1
         return n
@@ -251,7 +350,7 @@ def attempts_export(ctx: click.Context, kind, queue, outcome, model, since, unti
     if partial:
         out.close()
         os.replace(partial, output)
-        console.print(f"wrote {n} attempt{'s' * (n != 1)} to {escape(output)}", highlight=False)
+        console.print(f"wrote {rules.plural(n, 'attempt')} to {escape(output)}", highlight=False)
 
 
 # -- queue limits --------------------------------------------------------------
@@ -291,7 +390,7 @@ def limits(ctx: click.Context, as_json: bool) -> None:
             paused = f"{rules.format_age((r['paused_until'] - now).total_seconds())} more" + (
                 f": {r['pause_reason']}" if r["pause_reason"] else "")
         table.add_row(r["queue"], starts, running, escape(cost), escape(per_key), escape(paused))
-    console.print(table)
+    print_table(table)
 
 
 @limits.command("set")
@@ -326,13 +425,17 @@ def limits_set(ctx: click.Context, queue, rate, concurrency, cost, estimate, def
 
 @limits.command("clear")
 @click.argument("queue")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def limits_clear(ctx: click.Context, queue) -> None:
+def limits_clear(ctx: click.Context, queue, as_json: bool) -> None:
     """Remove the limits of QUEUE (its jobs go back to the plain claim)."""
     app = app_from_context(ctx)
     if not run_or_fail(lambda: admin.remove_limit(app, queue)):
         raise Fail(f"queue {queue!r} has no limits (see `joblane limits`)")
-    console.print(f"queue {escape(queue)}: limits removed")
+    if as_json:
+        emit_json({"queue": queue, "cleared": True})
+    else:
+        console.print(f"queue {escape(queue)}: limits removed")
 
 
 def _seconds(text: str) -> float:
@@ -346,24 +449,32 @@ def _seconds(text: str) -> float:
 @click.argument("queue")
 @click.option("--for", "duration", required=True, help="How long: 90s, 5m, 1h.")
 @click.option("--reason")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def limits_pause(ctx: click.Context, queue, duration, reason) -> None:
+def limits_pause(ctx: click.Context, queue, duration, reason, as_json: bool) -> None:
     """Stop every worker from starting jobs of QUEUE for a while (running jobs carry on)."""
     app = app_from_context(ctx)
     seconds = _seconds(duration)
     until = run_or_fail(lambda: app.pause_queue(None, queue, seconds, reason))
-    console.print(f"queue {escape(queue)} paused until {show_time(until)}")
+    if as_json:
+        emit_json({"queue": queue, "paused_until": until, "reason": reason})
+    else:
+        console.print(f"queue {escape(queue)} paused until {show_time(until)}")
 
 
 @limits.command("resume")
 @click.argument("queue")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def limits_resume(ctx: click.Context, queue) -> None:
+def limits_resume(ctx: click.Context, queue, as_json: bool) -> None:
     """End the pause of QUEUE now."""
     app = app_from_context(ctx)
     if not run_or_fail(lambda: app.resume_queue(None, queue)):
         raise Fail(f"queue {queue!r} is not paused")
-    console.print(f"queue {escape(queue)} resumed")
+    if as_json:
+        emit_json({"queue": queue, "resumed": True})
+    else:
+        console.print(f"queue {escape(queue)} resumed")
 
 
 COMMANDS = (held, release, reject, replay, attempts, limits)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from ..showcase import DEFAULT_SCHEMA
-from .common import Fail, console, emit_json, needs_extra, run_or_fail
+from .common import Fail, Table, console, emit_json, needs_extra, print_table, run_or_fail
 
 
 @click.command("demo")
@@ -119,7 +118,7 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
         else:
             shown = f"{r.value:,.0f} {r.unit}"
         table.add_row(r.workload, r.settings, shown)
-    console.print(table)
+    print_table(table)
 
 
 COMMANDS = (demo, bench)

@@ -39,7 +39,7 @@ from ..lifecycle import GracefulSignals, retry_delay, sleep_unless
 from ..maintenance import OutboxPruner
 from ..migrations import check_async
 from ..notifier import Notifier
-from ..rules import bounded_delay, bounded_text
+from ..rules import bounded_delay, bounded_text, plural, tally
 from .message import Delivery, Message, describe
 from .publish import channel
 from .routes import Route, route_for
@@ -462,8 +462,8 @@ class Relay:
             await self._stopping.wait()
             _, still = await asyncio.wait(loops, timeout=self.grace_seconds)
             if still:
-                log.warning("relay: %d batches did not finish within the grace period; their rows come back "
-                            "when their leases end", len(still))
+                log.warning("relay: %s did not finish within the grace period; their rows come back "
+                            "when their leases end", plural(len(still), "batch"))
                 for t in still:
                     t.cancel()
                 await asyncio.gather(*still, return_exceptions=True)
@@ -474,7 +474,8 @@ class Relay:
             await self.close()
             if install_signals:
                 GracefulSignals.remove(loop)
-        log.info("relay %s stopped: %s", self.name, {k: v for k, v in self.stats.items() if v})
+        log.info("relay %s stopped: %s", self.name, tally(self.stats, "nothing delivered"),
+                 extra={"joblane": {"stats": {k: v for k, v in self.stats.items() if v}}})
         return self.stats
 
 

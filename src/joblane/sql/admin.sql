@@ -10,7 +10,7 @@ SELECT queue, state, count(*) AS jobs,
  ORDER BY queue, state;
 
 -- name: list_jobs
--- Jobs filtered by state $1, kind $2, queue $3 (NULL = any), newest first, below id $4, at most $5.
+-- Jobs filtered by state $1, kind $2, queue $3, created in [$6, $7) (NULL = any), newest first, below id $4, at most $5.
 SELECT id, queue, kind, state, priority, attempts, max_attempts, run_after, last_error,
        created_at, finished_at, worker, unique_key, replay_of
   FROM {schema}.jobs
@@ -18,6 +18,8 @@ SELECT id, queue, kind, state, priority, attempts, max_attempts, run_after, last
    AND ($2::text IS NULL OR kind = $2)
    AND ($3::text IS NULL OR queue = $3)
    AND ($4::bigint IS NULL OR id < $4)
+   AND ($6::timestamptz IS NULL OR created_at >= $6)
+   AND ($7::timestamptz IS NULL OR created_at < $7)
  ORDER BY id DESC
  LIMIT $5;
 
@@ -37,7 +39,7 @@ SELECT attempt, worker, started_at, finished_at, outcome, error, meta::text AS m
  ORDER BY id;
 
 -- name: retry_jobs
--- Put failed or cancelled jobs back to pending: ids $1, or all matching kind $2 / queue $3 when $1 is NULL; $4 limits the filter.
+-- Put failed or cancelled jobs back to pending: ids $1, or, when $1 is NULL, every job in states $4 of kind $2, queue $3, created in [$5, $6).
 WITH target AS (
     SELECT j.id, j.unique_key
       FROM {schema}.jobs AS j
@@ -46,7 +48,9 @@ WITH target AS (
             OR ($1::bigint[] IS NULL
                 AND ($2::text IS NULL OR j.kind = $2)
                 AND ($3::text IS NULL OR j.queue = $3)
-                AND $4::text = 'failed' AND j.state = 'failed'))
+                AND j.state = ANY($4::text[])
+                AND ($5::timestamptz IS NULL OR j.created_at >= $5)
+                AND ($6::timestamptz IS NULL OR j.created_at < $6)))
        -- never revive a job whose unique_key another unfinished job now holds
        AND (j.unique_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM {schema}.jobs AS o
@@ -66,11 +70,18 @@ UPDATE {schema}.jobs AS j
 RETURNING j.id;
 
 -- name: cancel_jobs
--- Cancel pending, held or running jobs $1; a running task is stopped by its worker at the next heartbeat.
+-- Cancel pending, held or running jobs: ids $1, or, when $1 is NULL, every job in states $4 of kind $5, queue $6, created in [$7, $8); a running task is stopped at its next heartbeat.
 WITH target AS (
     SELECT id, state AS was, attempts
       FROM {schema}.jobs
-     WHERE id = ANY($1::bigint[]) AND state IN ('pending', 'held', 'running')
+     WHERE state IN ('pending', 'held', 'running')
+       AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
+            OR ($1::bigint[] IS NULL
+                AND state = ANY($4::text[])
+                AND ($5::text IS NULL OR kind = $5)
+                AND ($6::text IS NULL OR queue = $6)
+                AND ($7::timestamptz IS NULL OR created_at >= $7)
+                AND ($8::timestamptz IS NULL OR created_at < $8)))
        FOR UPDATE
 ), cancelled AS (
     UPDATE {schema}.jobs AS j
@@ -84,6 +95,20 @@ WITH target AS (
     SELECT id, attempts, $3, now(), 'cancelled', coalesce($2, 'cancelled from ' || was) FROM cancelled
 )
 SELECT id, was FROM cancelled;
+
+-- name: count_jobs
+-- How many jobs a bulk admin call would touch: ids $1 (NULL = any) in states $2, of kind $3, queue $4, created in [$5, $6); with the first $7 ids.
+WITH matched AS (
+    SELECT id
+      FROM {schema}.jobs
+     WHERE ($1::bigint[] IS NULL OR id = ANY($1))
+       AND state = ANY($2::text[])
+       AND ($3::text IS NULL OR kind = $3)
+       AND ($4::text IS NULL OR queue = $4)
+       AND ($5::timestamptz IS NULL OR created_at >= $5)
+       AND ($6::timestamptz IS NULL OR created_at < $6)
+)
+SELECT (SELECT count(*) FROM matched), ARRAY(SELECT id FROM matched ORDER BY id LIMIT $7);
 
 -- name: job_states
 -- The state of each of the jobs $1 (to explain why an admin call skipped some).

@@ -76,6 +76,67 @@ WITH target AS (
 )
 SELECT id FROM rejected;
 
+-- name: release_jobs
+-- Put every held job of kind $1, queue $2, created in [$3, $4) back to pending with payload || $5, recorded as 'released' by actor $6 with note $7; notify when $8.
+--
+-- The bulk form of release_job, guarded alike: only rows still held, and
+-- with a patch only object payloads (the others stay held; the caller
+-- reports how many).
+WITH target AS (
+    SELECT id
+      FROM {schema}.jobs
+     WHERE state = 'held'
+       AND ($1::text IS NULL OR kind = $1)
+       AND ($2::text IS NULL OR queue = $2)
+       AND ($3::timestamptz IS NULL OR created_at >= $3)
+       AND ($4::timestamptz IS NULL OR created_at < $4)
+       AND ($5::text::jsonb = '{}'::jsonb OR jsonb_typeof(payload) = 'object')
+       FOR UPDATE
+), released AS (
+    UPDATE {schema}.jobs AS j
+       SET state = 'pending',
+           payload = CASE WHEN $5::text::jsonb = '{}'::jsonb THEN j.payload ELSE j.payload || $5::text::jsonb END,
+           run_after = now(),
+           result = NULL,
+           finished_at = NULL,
+           max_attempts = greatest(j.max_attempts, j.attempts + 1)
+      FROM target
+     WHERE j.id = ANY(ARRAY(SELECT id FROM target)) AND j.id = target.id
+ RETURNING j.id, j.queue, j.attempts
+), audit AS (
+    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error, meta)
+    SELECT id, attempts, $6, now(), 'released', $7,
+           CASE WHEN $5::text::jsonb = '{}'::jsonb THEN NULL
+                ELSE jsonb_build_object('payload_patch', $5::text::jsonb) END
+      FROM released
+), notified AS (
+    SELECT pg_notify($9, queue) FROM (SELECT DISTINCT queue FROM released) AS q WHERE $8::bool
+)
+SELECT id, (SELECT count(*) FROM notified) AS notified FROM released;
+
+-- name: reject_jobs
+-- Cancel every held job of kind $1, queue $2, created in [$3, $4) for reason $5, recorded as 'rejected' by actor $6.
+WITH target AS (
+    SELECT id
+      FROM {schema}.jobs
+     WHERE state = 'held'
+       AND ($1::text IS NULL OR kind = $1)
+       AND ($2::text IS NULL OR queue = $2)
+       AND ($3::timestamptz IS NULL OR created_at >= $3)
+       AND ($4::timestamptz IS NULL OR created_at < $4)
+       FOR UPDATE
+), rejected AS (
+    UPDATE {schema}.jobs AS j
+       SET state = 'cancelled', finished_at = now(), last_error = $5
+      FROM target
+     WHERE j.id = ANY(ARRAY(SELECT id FROM target)) AND j.id = target.id
+ RETURNING j.id, j.attempts
+), audit AS (
+    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error)
+    SELECT id, attempts, $6, now(), 'rejected', $5 FROM rejected
+)
+SELECT id FROM rejected;
+
 -- name: job_replays
 -- The jobs that re-run job $1 (their replay_of), oldest first.
 SELECT id, state FROM {schema}.jobs WHERE replay_of = $1 ORDER BY id;

@@ -30,7 +30,7 @@ from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
 from ..maintenance import Pruner, Rescuer, Scheduler
 from ..migrations import check_async
 from ..notifier import Notifier
-from ..rules import check_queue, first_line
+from ..rules import check_queue, first_line, plural, tally
 from ..steps import Steps
 from ..types import Job, Outcome
 from .completer import Completer
@@ -367,7 +367,7 @@ class Worker:
             log.info("waiting up to %.0fs for %d running jobs", self.grace_seconds, len(tasks))
             _, still = await asyncio.wait(tasks, timeout=self.grace_seconds)
             if still:
-                log.warning("giving back %d jobs that did not finish within the grace period", len(still))
+                log.warning("giving back %s that did not finish within the grace period", plural(len(still), "job"))
                 for t in still:
                     t.cancel()
                 await asyncio.gather(*still, return_exceptions=True)
@@ -392,4 +392,5 @@ class Worker:
                 self._pool.terminate()
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
-        log.info("worker %s stopped: %s", self.name, dict(self.stats))
+        log.info("worker %s stopped: %s", self.name, tally(self.stats, "no jobs run"),
+                 extra={"joblane": {"stats": dict(self.stats)}})
