@@ -122,6 +122,11 @@ async def test_cancelling_a_running_job_stops_its_task(app, conn):
     await runner
     state, last_error = conn.execute(f"SELECT state, last_error FROM {table(app, 'jobs')} WHERE id = %s", (job_id,)).fetchone()
     assert (state, last_error) == ("cancelled", "not needed any more")
+    # the try's row keeps the worker that ran it and when it started; the operator is in meta
+    who, started_at, finished_at, meta = conn.execute(
+        f"SELECT worker, started_at, finished_at, meta FROM {table(app, 'attempts')} WHERE job_id = %s",
+        (job_id,)).fetchone()
+    assert who == worker.name and started_at < finished_at and "@" in meta["cancelled_by"]
 
 
 async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_dsn):

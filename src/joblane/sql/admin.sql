@@ -72,7 +72,7 @@ RETURNING j.id;
 -- name: cancel_jobs
 -- Cancel pending, held or running jobs: ids $1, or, when $1 is NULL, every job in states $4 of kind $5, queue $6, created in [$7, $8); a running task is stopped at its next heartbeat.
 WITH target AS (
-    SELECT id, state AS was, attempts
+    SELECT id, state AS was, attempts, worker, started_at
       FROM {schema}.jobs
      WHERE state IN ('pending', 'held', 'running')
        AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
@@ -89,10 +89,14 @@ WITH target AS (
            last_error = coalesce($2, 'cancelled')
       FROM target
      WHERE j.id = ANY(ARRAY(SELECT id FROM target)) AND j.id = target.id
- RETURNING j.id, target.was, j.attempts
+ RETURNING j.id, target.was, j.attempts, target.worker, target.started_at
 ), audit AS (
-    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error)
-    SELECT id, attempts, $3, now(), 'cancelled', coalesce($2, 'cancelled from ' || was) FROM cancelled
+    -- a running try keeps its worker and start on its row; the operator is in meta
+    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error, meta)
+    SELECT id, attempts, CASE WHEN was = 'running' THEN worker ELSE $3 END,
+           CASE WHEN was = 'running' THEN started_at ELSE now() END,
+           'cancelled', coalesce($2, 'cancelled from ' || was), jsonb_build_object('cancelled_by', $3::text)
+      FROM cancelled
 )
 SELECT id, was FROM cancelled;
 
