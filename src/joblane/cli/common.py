@@ -240,8 +240,11 @@ def print_table(table: Table) -> None:
 
 
 def show_time(value: dt.datetime | None) -> str:
-    """A time for a table, in the local zone: ``2026-01-31 14:05:09``; ``-`` for None."""
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+    """A time for a table, in UTC like the dashboard: ``2026-01-31 14:05:09Z``; ``-`` for None.
+
+    Pasted back into ``--since``, it means the same instant (rules.parse_when).
+    """
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ") if value else "-"
 
 
 # -- long operations: confirmation, progress --------------------------------------

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from .. import admin, rules
-from .common import app_from_context, console, emit_json, run_or_fail, show_time
+from .common import Table, app_from_context, console, emit_json, print_table, run_or_fail, show_time
 
 
 @click.command()
@@ -31,7 +30,7 @@ def workers(ctx: click.Context, as_json: bool) -> None:
         table.add_row(r["name"], r["role"], r["host"], str(r["pid"]), r["version"], ",".join(r["queues"]) or "-",
                       str(len(r["kinds"])), running, show_time(r["started_at"]),
                       rules.format_age((now - r["last_seen"]).total_seconds()) + " ago")
-    console.print(table)
+    print_table(table)
 
 
 COMMANDS = (workers,)
