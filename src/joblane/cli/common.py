@@ -157,8 +157,17 @@ def show_time(value: dt.datetime | None) -> str:
 
 
 def setup_logging(fmt: str, verbose: bool) -> None:
-    """Logs to stderr: rich text for people, or one JSON object per line (``fmt="json"``)."""
-    level = logging.DEBUG if verbose else logging.INFO
+    """Logs to stderr: rich text for people, or one JSON object per line (``fmt="json"``).
+
+    joblane's own loggers (``joblane.*``) log at INFO, DEBUG with ``verbose``;
+    every other logger (httpx, aio_pika, nats, asyncio, ...) at WARNING, as the
+    root logger stays: a client library's line per request does not drown the
+    relay's own. An application's logger shows INFO once it sets its own level
+    (``logging.getLogger("myproject").setLevel(logging.INFO)``). When logging
+    was configured before (the root logger has a handler), it is left alone.
+    """
+    if logging.getLogger().handlers:
+        return
     handler: logging.Handler
     if fmt == "json":
         handler = logging.StreamHandler(sys.stderr)
@@ -166,8 +175,17 @@ def setup_logging(fmt: str, verbose: bool) -> None:
     else:
         from rich.logging import RichHandler
 
-        handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
-    logging.basicConfig(level=level, handlers=[handler], format="%(message)s")
+        # ISO 8601 in the local time with its offset (2026-12-02T09:15:03.123+01:00), on every line
+        handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False, omit_repeated_times=False,
+                              log_time_format=_iso_time)
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], format="%(message)s")
+    logging.getLogger("joblane").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def _iso_time(when: dt.datetime) -> Any:
+    from rich.text import Text
+
+    return Text(when.astimezone().isoformat(timespec="milliseconds"))
 
 
 class JsonFormatter(logging.Formatter):
