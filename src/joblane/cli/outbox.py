@@ -38,7 +38,7 @@ from .common import (Fail, app_from_context, console, emit_json, needs_extra, pa
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs joblane[telemetry]).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True,
               help="Address the metrics listen on (0.0.0.0 for every interface).")
-@click.option("-v", "--verbose", is_flag=True, help="Also log every sent row (DEBUG).")
+@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG (a line per sent row among them).")
 @click.pass_context
 def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, poll_interval: float,
           lease_seconds: float, grace_seconds: float, no_listen: bool, retention_seconds: float,
