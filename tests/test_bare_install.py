@@ -98,6 +98,7 @@ def test_the_command_line_works_without_extras(bare, joblane_dsn):
     (("dashboard",), ("joblane dashboard", "web")),
     (("demo",), ("joblane demo", "demo")),
     (("worker", "myproject.tasks:app", "--metrics-port", "0"), ("joblane worker --metrics-port", "telemetry")),
+    (("relay", "myproject.events:app", "--metrics-port", "0"), ("joblane relay --metrics-port", "telemetry")),
     (("bench", "-w", "e"), ("joblane bench -w e", "web")),
 ])
 def test_a_command_that_needs_an_extra_says_which_in_one_line(bare, joblane_dsn, args, extra):

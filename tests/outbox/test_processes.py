@@ -10,21 +10,9 @@ import psycopg
 
 from joblane.queries import quote_ident
 
-from .conftest import outbox_rows
+from .conftest import eventually, outbox_rows
 
 APP = "tests.outbox.apps:app"
-
-
-async def eventually(predicate, timeout: float = 30.0, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
 async def test_sigkill_after_sending_redelivers_with_the_same_key_and_receivers_apply_once(

@@ -161,3 +161,99 @@ async def test_kafka_against_a_kafka_protocol_broker(app, conn, joblane_dsn, kaf
     assert [dict(m.headers())["Idempotency-Key"].decode() for m in got] == [f"outbox:{i}" for i in ids]
     assert {m.key() for m in got} == {b"lead-1"}
     assert [json.loads(m.value()) for m in got] == [{"i": i} for i in range(5)]
+
+
+# -- declare=True: the sink creates its destination ---------------------------------
+
+
+async def test_nats_declare_creates_the_stream_for_the_route_and_again_after_it_is_deleted(
+        app, conn, joblane_dsn, nats_url):
+    import nats
+
+    token = uuid.uuid4().hex[:10]
+    prefix = f"jldecl{token}"
+    sink = NatsSink(nats_url, declare=True, timeout=2.0)
+    app.route(prefix + ".", sink)
+    assert sink.stream_config() == (f"JOBLANE_JLDECL{token.upper()}", [f"{prefix}.>"])
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    stream = f"JOBLANE_JLDECL{token.upper()}"
+    try:
+        ids = publish_rows(app, joblane_dsn, f"{prefix}.lead_created", 3)
+        await relay_all(app)
+        info = await js.stream_info(stream)
+        assert info.config.subjects == [f"{prefix}.>"] and info.state.messages == 3
+        assert [(await js.get_msg(stream, s)).headers["Nats-Msg-Id"] for s in (1, 2, 3)] == [f"outbox:{i}" for i in ids]
+        # deleted under a running relay: the next try says so, the one after creates it again
+        await js.delete_stream(stream)
+        m = Message(id=99, topic=f"{prefix}.x", key=None, idempotency_key="outbox:99", body=b"{}")
+        [first] = await sink.send([m])
+        assert not first.ok and "no JetStream stream captures subject" in first.error
+        assert [d.ok for d in await sink.send([m])] == [True]
+        assert (await js.stream_info(stream)).state.messages == 1
+    finally:
+        await sink.close()
+        try:
+            await js.delete_stream(stream)
+        except Exception:
+            pass
+        await nc.close()
+
+
+async def test_nats_declare_uses_a_stream_that_already_captures_the_subjects(app, conn, joblane_dsn, jetstream):
+    js, stream, prefix = jetstream
+    app.route(prefix + ".", NatsSink(declare=True, stream=stream))
+    publish_rows(app, joblane_dsn, f"{prefix}.lead_created", 2, rollback_one=False)
+    await relay_all(app)
+    info = await js.stream_info(stream)
+    assert info.state.messages == 2
+    assert info.config.subjects == [f"{prefix}.>"], "the stream was left as it was"
+
+
+def test_nats_declare_refuses_a_route_whose_subjects_it_cannot_tell(app):
+    from joblane.errors import JoblaneError
+
+    with pytest.raises(JoblaneError, match=r"route '': cannot tell the stream's subjects .*pass subjects="):
+        app.route("", NatsSink(declare=True))
+    with pytest.raises(JoblaneError, match="does not end with '.'"):
+        app.route("crm", NatsSink(declare=True))
+    with pytest.raises(JoblaneError, match="the subject is a function"):
+        app.route("crm.", NatsSink(declare=True, subject=lambda m: m.topic))
+    assert app.routes == []
+    templated = NatsSink(declare=True, subject="events.{topic}", stream="EVENTS")
+    app.route("crm.", templated)
+    assert templated.stream_config() == ("EVENTS", ["events.crm.>"])
+    explicit = NatsSink(declare=True, subjects=["all.>"])
+    app.route("", explicit)
+    assert explicit.stream_config()[1] == ["all.>"]
+
+
+async def test_rabbitmq_declare_declares_a_durable_exchange_of_the_given_type(app, conn, joblane_dsn, rabbitmq_url):
+    import aio_pika
+
+    exchange = f"jltest.decl.{uuid.uuid4().hex[:8]}"
+    app.route("crm.", RabbitMQSink(rabbitmq_url, exchange=exchange, exchange_type="fanout", declare=True))
+    ids = publish_rows(app, joblane_dsn, "crm.lead_created", 3, rollback_one=False)
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:
+        async with Relay(app, listen=False) as r:  # opening the sink declares the exchange
+            channel = await connection.channel()
+            queue = await channel.declare_queue(exclusive=True)
+            await queue.bind(exchange)
+            assert (await r.run_once()).sent == 3
+        got = [(await queue.get(timeout=5)).message_id for _ in ids]
+        assert got == [f"outbox:{i}" for i in ids]
+        # durable and fanout: declaring it so again is accepted, declaring it otherwise is refused
+        check = await connection.channel()
+        await check.declare_exchange(exchange, aio_pika.ExchangeType.FANOUT, durable=True)
+        with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed):
+            await check.declare_exchange(exchange, aio_pika.ExchangeType.FANOUT, durable=False)
+    finally:
+        cleanup = await connection.channel()
+        await cleanup.exchange_delete(exchange)
+        await connection.close()
+
+
+def test_rabbitmq_declare_needs_an_exchange_name():
+    with pytest.raises(ValueError, match="declare=True needs exchange="):
+        RabbitMQSink(declare=True)

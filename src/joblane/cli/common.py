@@ -357,9 +357,23 @@ class Duration(click.ParamType):
 # -- logs of long-running commands (worker, relay) -----------------------------
 
 
+# client libraries that log every request, connection or poll at INFO (or DEBUG)
+CHATTY_LOGGERS = ("httpx", "httpcore", "hpack", "aio_pika", "aiormq", "pamqp", "nats", "asyncio", "urllib3",
+                  "redis", "confluent_kafka", "kafka", "websockets", "uvicorn.access", "opentelemetry")
+
+
 def setup_logging(fmt: str, verbose: bool) -> None:
-    """Logs to stderr: rich text for people, or one JSON object per line (``fmt="json"``)."""
-    level = logging.DEBUG if verbose else logging.INFO
+    """Logs to stderr: rich text for people, or one JSON object per line (``fmt="json"``).
+
+    The root logger logs at INFO (DEBUG with ``verbose``), so the tasks' own
+    log lines show; the client libraries that log a line per request or
+    connection (httpx, httpcore, aio-pika, aiormq, nats, asyncio, ...) stay at
+    WARNING, so they do not drown the worker's and the relay's lines. When
+    logging was configured before (the root logger has a handler), it is left
+    alone.
+    """
+    if logging.getLogger().handlers:
+        return
     handler: logging.Handler
     if fmt == "json":
         handler = logging.StreamHandler(sys.stderr)
@@ -367,8 +381,18 @@ def setup_logging(fmt: str, verbose: bool) -> None:
     else:
         from rich.logging import RichHandler
 
-        handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
-    logging.basicConfig(level=level, handlers=[handler], format="%(message)s")
+        # ISO 8601 in the local time with its offset (2026-12-02T09:15:03.123+01:00), on every line
+        handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False, omit_repeated_times=False,
+                              log_time_format=_iso_time)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], format="%(message)s")
+    for chatty in CHATTY_LOGGERS:
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+
+
+def _iso_time(when: dt.datetime) -> Any:
+    from rich.text import Text
+
+    return Text(when.astimezone().isoformat(timespec="milliseconds"))
 
 
 class JsonFormatter(logging.Formatter):

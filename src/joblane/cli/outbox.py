@@ -9,8 +9,8 @@ import json
 import click
 
 from .. import admin
-from .common import (Duration, Fail, Table, app_from_context, console, emit_json, parse_ids, print_table,
-                     report_changes, run_or_fail, setup_logging, show_time, working)
+from .common import (Duration, Fail, Table, app_from_context, console, emit_json, needs_extra, parse_ids,
+                     print_table, report_changes, run_or_fail, setup_logging, show_time, working)
 
 
 @click.command()
@@ -33,20 +33,35 @@ from .common import (Duration, Fail, Table, app_from_context, console, emit_json
 @click.option("--retention", "retention_seconds", default="7d", show_default=True, type=Duration(),
               help="Delete sent rows older than this: 7d, 12h, 30m, or plain seconds.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-v", "--verbose", is_flag=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs joblane[telemetry]).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address the metrics listen on (0.0.0.0 for every interface).")
+@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG (a line per sent row among them).")
 @click.pass_context
 def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, poll_interval: float,
           lease_seconds: float, grace_seconds: float, no_listen: bool, retention_seconds: float,
-          log_format: str, verbose: bool, connect_timeout: float, pgbouncer: bool = False) -> None:
-    """Deliver APP's outbox through the sinks it routes (app.route(prefix, sink))."""
+          log_format: str, verbose: bool, connect_timeout: float, pgbouncer: bool = False,
+          metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> None:
+    """Deliver APP's outbox through the sinks it routes (app.route(prefix, sink)).
+
+    Logs each retried row (INFO) and failed row (WARNING) with the reason, and a summary every minute.
+    """
     from ..outbox.relay import Relay
 
+    if metrics_port is not None:
+        with needs_extra("joblane relay --metrics-port", "telemetry"):
+            import prometheus_client  # noqa: F401 - telemetry.serve_relay_metrics imports it when it starts
     app = app_from_context(ctx, app_spec)
     setup_logging(log_format, verbose)
     r = run_or_fail(lambda: Relay(app, batch_size=batch_size, concurrency=concurrency, poll_interval=poll_interval,
                                   lease_seconds=lease_seconds, grace_seconds=grace_seconds, listen=not no_listen,
                                   retention_seconds=retention_seconds, connect_timeout=connect_timeout,
                                   pgbouncer=pgbouncer))
+    if metrics_port is not None:
+        from ..telemetry import serve_relay_metrics
+
+        run_or_fail(lambda: serve_relay_metrics(r, metrics_port, metrics_host))
     run_or_fail(lambda: asyncio.run(r.run()))
 
 

@@ -16,6 +16,11 @@ One batch is three steps and two round trips to PostgreSQL:
 A relay that dies between 1 and 3 leaves its rows leased; when the lease
 ends any relay takes them again and re-sends them with the same
 idempotency key.
+
+Logs (logger ``joblane.outbox``): a line per retried row (INFO) and per
+failed row (WARNING) with the reason, a line per sent row at DEBUG, and
+every ``summary_interval`` seconds a summary of what was sent, retried and
+failed (only when something was).
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class _Outcome:
     outcome: str
     delay: float = 0.0
     error: str | None = None
+    max_attempts: int | None = None
 
 
 class Relay:
@@ -107,6 +113,7 @@ class Relay:
         name: str | None = None,
         connect_timeout: float = 60.0,
         pgbouncer: bool = False,
+        summary_interval: float = 60.0,
     ):
         routes = list(app.routes if routes is None else routes)
         if not routes:
@@ -125,6 +132,8 @@ class Relay:
             raise JoblaneError("delivery_timeout must be positive")
         if not 0 <= jitter < 1:
             raise JoblaneError("jitter must be in [0, 1)")
+        if not summary_interval > 0:
+            raise JoblaneError("summary_interval must be positive")
         self.app = app
         self.routes = routes
         self.batch_size = batch_size
@@ -145,6 +154,9 @@ class Relay:
         self.connect_timeout = float(connect_timeout)
         self.application_name = f"joblane relay {os.getpid()}"
         self.stats: Counter[str] = Counter()
+        # every summary_interval seconds one log line of what was sent, retried and failed since the last one
+        self.summary_interval = float(summary_interval)
+        self.metrics: Any = None  # telemetry.RelayMetrics, set by telemetry.serve_relay_metrics
         self.store = app.store
         self.pruner = OutboxPruner(self.store, retention=retention_seconds, interval=prune_interval)
         self._prefixes = [r.prefix for r in routes]
@@ -261,6 +273,7 @@ class Relay:
         result.found = sum(1 for o in outcomes if o.error == _FOUND and o.message.id in applied)
         for name in ("claimed", "sent", "found", "retried", "failed", "released", "stale"):
             self.stats[name] += getattr(result, name)
+        self._report([o for o in outcomes if o.message.id in applied], started_ns)
         if result.stale:
             log.info("relay: %d outcomes arrived after another relay took the rows over", result.stale)
         return result
@@ -345,20 +358,61 @@ class Relay:
         return [results[m.id] for m in messages]
 
     def _judge(self, route: Route, m: Message, d: Delivery, budget: int | None) -> _Outcome:
+        most = budget or route.max_attempts
         if d.ok:
-            return _Outcome(m, SENT, error=_FOUND if d is _FOUND_DELIVERY else None)
+            return _Outcome(m, SENT, error=_FOUND if d is _FOUND_DELIVERY else None, max_attempts=most)
         # A destination's error text (a response body) may hold NUL or undecodable bytes, which
         # PostgreSQL refuses: one such row would keep its whole batch from being recorded.
         error = bounded_text(d.error or "delivery failed")
         if d.permanent:
-            return _Outcome(m, FAILED, error=error)
-        if m.attempt >= (budget or route.max_attempts):
-            return _Outcome(m, FAILED, error=bounded_text(f"gave up after {m.attempt} attempts: {error}"))
+            return _Outcome(m, FAILED, error=error, max_attempts=most)
+        if m.attempt >= most:
+            return _Outcome(m, FAILED, error=bounded_text(f"gave up after {m.attempt} attempts: {error}"),
+                            max_attempts=most)
         if d.retry_after is not None:
             delay = min(MAX_RETRY_AFTER, bounded_delay(d.retry_after))
         else:
             delay = bounded_delay(route.backoff(m.attempt))
-        return _Outcome(m, RETRY, delay=delay, error=error)
+        return _Outcome(m, RETRY, delay=delay, error=error, max_attempts=most)
+
+    def _report(self, outcomes: list[_Outcome], started_ns: int) -> None:
+        """Metrics, and a log line per recorded outcome: retries at INFO, failures at WARNING, the rest at DEBUG."""
+        if self.metrics is not None:
+            self.metrics.observe(outcomes, started_ns)
+        for o in outcomes:
+            level = _LEVELS.get(o.outcome, logging.DEBUG)
+            if not log.isEnabledFor(level):
+                continue
+            m = o.message
+            fields = {"outbox_id": m.id, "topic": m.topic, "key": m.key, "idempotency_key": m.idempotency_key,
+                      "attempt": m.attempt, "max_attempts": o.max_attempts, "outcome": o.outcome}
+            if o.outcome == RETRY:
+                fields["retry_in"] = round(o.delay, 3)
+                what = f"retry in {o.delay:.3g}s"
+            elif o.outcome == RELEASED:
+                what = "released (an earlier row of its key was not sent)"
+            else:
+                what = o.outcome
+            if o.error:
+                fields["error"] = o.error
+            why = f": {o.error}" if o.error else ""
+            tries = f"/{o.max_attempts}" if o.max_attempts else ""
+            log.log(level, "outbox %d %s attempt %d%s: %s%s", m.id, m.topic, m.attempt, tries, what, why,
+                    extra={"joblane": fields})
+
+    async def _summaries(self) -> None:
+        """Every ``summary_interval`` seconds, one line of what was done since the last one (none when idle)."""
+        names = ("sent", "retried", "failed", "released", "stale")
+        last = {n: self.stats[n] for n in names}
+        while True:
+            await asyncio.sleep(self.summary_interval)
+            now = {n: self.stats[n] for n in names}
+            delta = {n: now[n] - last[n] for n in names}
+            last = now
+            if any(delta.values()):
+                log.info("relay: in the last %gs: %s", self.summary_interval,
+                         ", ".join(f"{v} {n}" for n, v in delta.items() if v or n in ("sent", "retried", "failed")),
+                         extra={"joblane": {"seconds": self.summary_interval, **delta}})
 
     async def _finish(self, outcomes: list[_Outcome]) -> set[int]:
         if not outcomes:
@@ -452,7 +506,8 @@ class Relay:
             log.info("relay %s: %s", self.name,
                      ", ".join(f"{r.prefix or '*'} -> {r.sink!r}{' (ordered)' if r.ordered else ''}"
                                for r in self.routes))
-            background = [asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="outbox-pruner")]
+            background = [asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="outbox-pruner"),
+                          asyncio.create_task(self._summaries(), name="outbox-summary")]
             if self.listen:
                 notifier = Notifier(self.app.dsn, channel(self.app), {""}, self._wake.set,
                                     application_name=self.application_name)
@@ -484,6 +539,7 @@ class _Unreachable(JoblaneError):
 
 
 _FOUND = "found at the destination by read-back; not sent again"
+_LEVELS = {RETRY: logging.INFO, FAILED: logging.WARNING}
 _FOUND_DELIVERY = Delivery(True, _FOUND)
 
 

@@ -52,6 +52,9 @@ def make_route(
         backoff_fn = backoff
     else:
         backoff_fn = exponential_backoff(base=float(backoff), cap=600.0)
+    routed = getattr(sink, "routed", None)
+    if callable(routed):
+        routed(topic_prefix)  # e.g. NatsSink(declare=True) derives its stream's subjects from the prefix
     route = Route(topic_prefix, sink, bool(ordered), max_attempts, backoff_fn)
     routes.append(route)
     return route

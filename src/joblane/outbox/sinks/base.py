@@ -27,8 +27,13 @@ class Sink:
     def __init__(self, *, find: Callable[[Message], Awaitable[bool]] | None = None):
         self._find = find
 
+    def routed(self, prefix: str) -> None:
+        """Called by ``app.route(prefix, sink)`` for each route that uses this sink (a sink that declares its
+        destination learns from it what to declare); may raise ``JoblaneError`` to refuse the route."""
+
     async def open(self) -> None:
-        """Connect; called once by the relay before the first batch."""
+        """Connect; called by the relay when it starts. Sinks that connect lazily call it again before each
+        batch, so a destination that was missing or down is picked up without a restart."""
 
     async def close(self) -> None:
         """Disconnect; called once when the relay stops."""

@@ -50,6 +50,25 @@ def classify(response: httpx.Response) -> Delivery:
     return Delivery.failed(error)
 
 
+def explain(exc: BaseException) -> str:
+    """``describe(exc)``, with the root cause when the client's own text hides it.
+
+    httpx says ``ConnectError: All connection attempts failed`` for a refused
+    connection; the ``ConnectionRefusedError`` underneath is what to fix.
+    """
+    text = describe(exc)
+    root, seen = exc, {id(exc)}
+    while True:
+        below = root.__cause__ or root.__context__
+        if below is None or id(below) in seen:
+            break
+        seen.add(id(below))
+        root = below
+    if root is not exc and str(root) and str(root) not in text:
+        text += f" ({describe(root)})"
+    return text
+
+
 class HttpSink(Sink):
     """POST each message's JSON payload to ``url`` (a string with optional
     ``{topic}``/``{key}`` placeholders, or a function of the message).
@@ -126,7 +145,7 @@ class HttpSink(Sink):
             except UnicodeEncodeError as exc:
                 return Delivery.failed(f"a header is not ASCII: {describe(exc)}")
             except httpx.HTTPError as exc:
-                return Delivery.retry(f"{method} {url}: {describe(exc)}")
+                return Delivery.retry(f"{method} {url}: {explain(exc)}")
         return classify(response)
 
     async def send(self, messages: Sequence[Message]) -> list[Delivery]:

@@ -6,6 +6,10 @@ The ``Idempotency-Key`` header always carries the idempotency key. The
 idempotent producer stops duplicates from its own retries; a re-send after a
 relay crash is a new record, which consumers recognise by the header.
 
+While no broker answers, every try is retried with the broker's last error
+in ``last_error`` (``Local: Message timed out (last broker error: ...
+Connection refused)``); the producer reconnects on its own.
+
 Tested against Tansu, a Kafka-protocol broker, when its binary is available
 (see tests/outbox); not against Apache Kafka itself.
 """
@@ -45,6 +49,7 @@ class KafkaSink(Sink):
             **(config or {}),
         }
         self._producer = None
+        self._broker_error: str | None = None  # the last error the client reported (error_cb), this batch
 
     def record(self, message: Message) -> dict[str, Any]:
         """The arguments of ``Producer.produce`` for ``message``: topic, key, value and headers."""
@@ -60,7 +65,14 @@ class KafkaSink(Sink):
         if self._producer is None:
             from confluent_kafka import Producer
 
-            self._producer = Producer(self.config)
+            user_error_cb = self.config.get("error_cb")
+
+            def on_error(err) -> None:  # runs in the flushing thread
+                self._broker_error = err.str() if hasattr(err, "str") else str(err)
+                if user_error_cb is not None:
+                    user_error_cb(err)
+
+            self._producer = Producer({**self.config, "error_cb": on_error})
 
     async def close(self) -> None:
         if self._producer is not None:
@@ -68,8 +80,11 @@ class KafkaSink(Sink):
             await asyncio.get_running_loop().run_in_executor(None, producer.flush, 5.0)
 
     async def send(self, messages: Sequence[Message]) -> list[Delivery]:
+        from confluent_kafka import KafkaError
+
         await self.open()
         producer = self._producer
+        self._broker_error = None
         results: list[Delivery | None] = [None] * len(messages)
         fatal = False
 
@@ -80,7 +95,10 @@ class KafkaSink(Sink):
                     results[index] = Delivery.sent()
                 else:
                     fatal = fatal or bool(getattr(err, "fatal", lambda: False)())
-                    results[index] = Delivery.retry(f"Kafka: {err.str() if hasattr(err, 'str') else err}")
+                    error = f"Kafka: {err.str() if hasattr(err, 'str') else err}"
+                    if getattr(err, "code", lambda: None)() == KafkaError._MSG_TIMED_OUT and self._broker_error:
+                        error += f" (last broker error: {self._broker_error})"  # e.g. Connection refused
+                    results[index] = Delivery.retry(error)
             return on_delivery
 
         for i, m in enumerate(messages):
@@ -96,5 +114,7 @@ class KafkaSink(Sink):
         await asyncio.get_running_loop().run_in_executor(None, producer.flush, self.timeout)
         if fatal:  # the idempotent producer cannot go on; the next batch gets a new one
             self._producer = None
-        return [r if r is not None else Delivery.retry(f"no Kafka delivery report within {self.timeout:g}s")
-                for r in results]
+        missing = f"no Kafka delivery report within {self.timeout:g}s"
+        if self._broker_error:
+            missing += f" (last broker error: {self._broker_error})"
+        return [r if r is not None else Delivery.retry(missing) for r in results]
