@@ -326,6 +326,11 @@ class Worker:
         self._pool = await self._connect()
         await self.limiter.start(self._pool, self._stopping)  # before the first claim
         log.info("worker %s: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
+        served = {t.queue for t in self.app.tasks.values()}
+        for queue in self.queues:
+            if queue not in served:
+                log.warning("queue %r has no task of this app (its queues: %s): jobs there wait for a worker "
+                            "that knows their kind", queue, ", ".join(sorted(served)) or "none")
         self.completer.start(self._pool)
         async with self._pool.acquire() as conn:
             await store.records(conn, self._registration())

@@ -1,0 +1,85 @@
+"""What a new user meets first: typed enqueue, misspelt kinds, SQLAlchemy-style URLs, a worker on an empty queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+import pytest
+
+import joblane
+from joblane.testing import drain
+
+from .conftest import count
+
+
+def test_a_decorated_task_enqueues_itself(app, conn):
+    @app.task("enrich_lead", queue="leads", priority=3)
+    async def enrich_lead(job: joblane.Job) -> dict:
+        return {"lead": job.payload["lead"]}
+
+    with psycopg.connect(app.dsn) as c, c.transaction():
+        job_id = enrich_lead.enqueue(c, {"lead": 7}, max_attempts=2)
+    job = app.get_job(job_id)
+    assert (job["kind"], job["queue"], job["priority"], job["max_attempts"]) == ("enrich_lead", "leads", 3, 2)
+    assert enrich_lead.kind == "enrich_lead"
+
+    async def twice() -> int:
+        async with await psycopg.AsyncConnection.connect(app.dsn, autocommit=True) as ac:
+            return await enrich_lead.enqueue_async(ac, {"lead": 8})
+
+    second = asyncio.run(twice())
+    assert app.get_job(second)["payload"] == {"lead": 8}
+    assert asyncio.run(enrich_lead(joblane.Job(1, "enrich_lead", "leads", {"lead": 9}, 1, 1))) == {"lead": 9}
+
+
+def test_a_misspelt_kind_is_refused_with_the_known_ones(app, conn):
+    @app.task("enrich_lead")
+    async def enrich_lead(job):
+        return None
+
+    with pytest.raises(joblane.JoblaneError) as caught:
+        app.enqueue(conn, "enrich_leed", {})
+    message = str(caught.value)
+    assert "unknown task kind 'enrich_leed'" in message and "'enrich_lead'" in message and "app.declare" in message
+    assert "\n" not in message
+    with pytest.raises(joblane.JoblaneError, match="unknown task kind 'enrich_leed'"):
+        app.enqueue_many(conn, [("enrich_lead", {}), ("enrich_leed", {})])
+    assert count(conn, app) == 0
+    app.declare("send_invoice", queue="billing", max_attempts=3)  # run by another service's workers
+    job_id = app.enqueue(conn, "send_invoice", {"n": 1})
+    job = app.get_job(job_id)
+    assert (job["queue"], job["max_attempts"]) == ("billing", 3)
+
+
+def test_an_app_that_knows_no_kind_enqueues_any(joblane_dsn, joblane_schema, conn):
+    producer = joblane.App(joblane_dsn, schema=joblane_schema)  # a producer that imports no task code
+    assert producer.enqueue(conn, "anything", {}) > 0
+
+
+@pytest.mark.parametrize("driver", ["postgresql+psycopg", "postgresql+asyncpg", "postgres+psycopg2"])
+def test_a_sqlalchemy_database_url_is_accepted(joblane_dsn, joblane_schema, driver):
+    if not joblane_dsn.startswith("postgresql://"):
+        pytest.skip("the embedded server's URL is not a postgresql:// URL")
+    url = driver + joblane_dsn[len("postgresql"):]
+    app = joblane.App(url, schema=joblane_schema)
+    with app.connect() as c:
+        assert app.enqueue(c, "k", {}) > 0
+    from click.testing import CliRunner
+
+    from joblane.cli import main
+
+    result = CliRunner().invoke(main, ["status", "--json"], env={"DATABASE_URL": url, "JOBLANE_SCHEMA": joblane_schema})
+    assert result.exit_code == 0, result.output
+
+
+async def test_a_worker_on_a_queue_without_tasks_says_so(app, conn, caplog):
+    @app.task("k", queue="real")
+    async def k(job):
+        return None
+
+    with caplog.at_level(logging.WARNING, logger="joblane.worker"):
+        await drain(app, queues=["nosuch"])
+    [said] = [r.getMessage() for r in caplog.records if "has no task" in r.getMessage()]
+    assert "'nosuch'" in said and "real" in said
