@@ -103,7 +103,8 @@ class JobStateMachine(RuleBasedStateMachine):
         self.conn.close()
 
     def sql(self, name: str, args: list) -> list[tuple]:
-        return store.fetch(self.conn, store.Statement(name, getattr(self.q, name), tuple(args)))
+        """The named query through its Store method, so a changed signature fails here too."""
+        return store.fetch(self.conn, getattr(self.app.store, name)(*args))
 
     def ids(self, *states: str) -> list[int]:
         return sorted(i for i, m in self.jobs.items() if not states or m.state in states)
@@ -223,7 +224,7 @@ class JobStateMachine(RuleBasedStateMachine):
     def retry(self, data):
         pool = self.ids("failed", "cancelled") if data.draw(st.booleans()) else self.ids()
         asked = data.draw(st.lists(st.sampled_from(pool or [0]), max_size=3, unique=True))
-        done = {r[0] for r in self.sql("retry_jobs", [asked, None, None, "failed"])}
+        done = {r[0] for r in self.sql("retry_jobs", [asked, None, None, ["failed"]])}
         candidates = [i for i in asked if i in self.jobs and self.jobs[i].state in ("failed", "cancelled")]
         allowed, keys = set(), set()
         for i in sorted(candidates, reverse=True):  # one per unique_key, the newest
