@@ -14,9 +14,11 @@ The cost of a commit on this machine (a one-row INSERT in autocommit: the
 WAL flush every durable transaction pays) is measured before and after the
 runs, printed and kept with the results: workloads a and d are bound by it.
 
-`joblane bench -w b` prints three results: App.enqueue_many of JobSpecs (the
-row compared by default), the task's typed bulk form ("typed") and the
-first with notifications off ("notify off"); each is kept as its own row.
+joblane's b has three rows: App.enqueue_many of JobSpecs ("-", compared
+with the peers' b), the task's typed bulk form ("typed") and the first with
+notifications off ("notify off"). `joblane bench -w b` measures the three in
+one process; here each runs in a fresh process of its own
+(`python -m joblane.showcase.bench DSN VARIANT JOBS`), as the peers do.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ print(json.dumps({"commit_ms": round(commit * 1000, 3), "round_trip_ms": round(t
 """
 
 
+# joblane's variants of b, each measured in a process of its own (joblane.showcase.bench.main)
+B_VARIANTS = ["-", "typed", "notify off"]
+
+
 def measurements(workloads: list[str], systems: list[str]) -> list[tuple[str, str, str | None]]:
     """(system, workload, profile) in the order one repetition runs them."""
     out = []
@@ -69,11 +75,16 @@ def measurements(workloads: list[str], systems: list[str]) -> list[tuple[str, st
         profiles = ["defaults", "best"] if w == "c" else [None]
         for p in profiles:
             for s in systems:
-                out.append((s, w, p))
+                if s == "joblane" and w == "b":
+                    out += [(s, w, v) for v in B_VARIANTS]
+                else:
+                    out.append((s, w, p))
     return out
 
 
 def command(system: str, workload: str, profile: str | None, dsn: str, jobs: int) -> list[str]:
+    if system == "joblane" and workload == "b":
+        return [str(JOBLANE_PY), "-m", "joblane.showcase.bench", dsn, profile or "-", str(jobs)]
     if system == "joblane":
         cmd = [str(JOBLANE_PY), "-m", "joblane", "--database-url", dsn, "bench", "-w", workload, "--jobs", str(jobs),
                "--json"]

@@ -378,3 +378,28 @@ def plan(workloads: tuple[str, ...], profile: str, scale: float,
                 steps.append(("g", f"notify {'on' if notify else 'off'}", lambda dsn, n=notify: concurrent_enqueue(
                     dsn, 8, jobs or int(1000 * scale), notify=n)))
     return steps
+
+
+# -- one b measurement in a process of its own (benchmarks/run.py) -------------------
+
+B_VARIANTS = {"-": {}, "typed": {"form": "typed"}, "notify off": {"notify": False}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m joblane.showcase.bench DSN VARIANT JOBS``: one variant of b, one JSON line.
+
+    benchmarks/run.py measures each of b's variants in a fresh process, as it
+    measures the peers: the first measurement of a process runs colder than
+    the ones after it, which would favour the variants ``joblane bench -w b``
+    runs second and third.
+    """
+    import json
+    import sys
+
+    dsn, variant, jobs = argv if argv is not None else sys.argv[1:]
+    print(json.dumps(enqueue_bulk(dsn, int(jobs), **B_VARIANTS[variant]).as_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
