@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Turn benchmarks/results.json into docs/benchmarks.md (tables) and docs/benchmarks.png (a plot).
+"""Turn benchmarks/results*.json into docs/benchmarks.md (tables) and docs/benchmarks.png (a plot).
 
-    python benchmarks/report.py [--results benchmarks/results.json]
-    python benchmarks/report.py --results benchmarks/results-acd.json --results benchmarks/results-b.json
+    python benchmarks/report.py                                  # every benchmarks/results*.json
+    python benchmarks/report.py --results benchmarks/results-b.json
 
-Several results files (short runs of a few workloads each) make one page:
-each workload is shown from the last file that has it, with that run's
-command, time and commit cost.
+Several results files (short runs of a few workloads each: run.py --out)
+make one page: each workload is shown from the latest run that has it, with
+that run's command, time and commit cost.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ DOCS = HERE.parent / "docs"
 NAMES = {
     "a": "a: enqueue, one transaction each (jobs/s)",
     "b": "b: bulk enqueue, 1,000 per call (jobs/s)",
-    "c": "c: process pre-filled no-op jobs, one worker (jobs/s, done in the DB)",
+    "c": "c: process pre-filled no-op jobs, one worker (PGMQ: its consumers) (jobs/s, done in the DB)",
     "d": "d: enqueue-to-start latency, idle worker (ms)",
 }
 
@@ -56,7 +56,7 @@ def plot(results: list[dict], path: Path) -> None:
     ax.set_xticks([x + width * (len(systems) - 1) / 2 for x in range(len(groups))], groups)
     ax.set_ylabel("jobs/s (median)")
     ax.set_yscale("log")
-    ax.set_title("joblane and peers, same machine, same run")
+    ax.set_title("joblane and peers, same machine (each workload from one run)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -66,11 +66,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", action="append",
                         help="results of run.py (repeatable: a later file's workloads replace an earlier one's; "
-                             "default benchmarks/results.json)")
+                             "default every benchmarks/results*.json, oldest run first)")
     parser.add_argument("--extra", default=str(HERE / "extra.jsonl"),
                         help="joblane bench --json lines of workloads e, f, g (joblane alone)")
     args = parser.parse_args()
-    runs = [json.loads(Path(p).read_text()) for p in (args.results or [str(HERE / "results.json")])]
+    paths = args.results or [str(p) for p in sorted(HERE.glob("results*.json"))]
+    runs = sorted((json.loads(Path(p).read_text()) for p in paths), key=lambda run: run["when"])
     source: dict[str, int] = {}  # workload -> the run it is shown from
     for i, run in enumerate(runs):
         for r in run["results"]:
@@ -85,9 +86,10 @@ def main() -> None:
     lines = [
         "# Benchmarks",
         "",
-        f"{', '.join(names[:-1])} and {names[-1]} measured in one run on the same machine and the same",
-        "PostgreSQL, taking turns, each measurement in a fresh process and a fresh database or schema.",
-        "Compare the ratios; absolute numbers depend on the machine (and this one is shared and noisy).",
+        f"{', '.join(names[:-1])} and {names[-1]} measured on the same machine and the same PostgreSQL,",
+        "taking turns within each run, each measurement in a fresh process and a fresh database or schema.",
+        "Compare the ratios within a run; absolute numbers depend on the machine (and this one is shared",
+        "and noisy: other engineers' test suites run on its 2 cores).",
         "",
     ]
     used = sorted(set(source.values()))
@@ -102,7 +104,7 @@ def main() -> None:
     machine = runs[used[-1]]["machine"]
     lines += [
         f"- machine: {machine['cpus']} cores, {machine['platform']}, Python {machine['python']}; "
-        "then `python benchmarks/report.py" + "".join(f" --results {p}" for p in (args.results or [])) + "`",
+        "then `python benchmarks/report.py` (every `benchmarks/results*.json`, a workload from the latest run that has it)",
         "- workloads as in peers.md: c is timed from worker start until a separate connection sees no unfinished job;",
         "  `defaults` is concurrency 10 with each library's other defaults, `best` each library's fastest settings",
         "  (joblane: 400 in flight, claims of 200; PgQueuer: batch 200, 400 tasks; Procrastinate: concurrency 20;",

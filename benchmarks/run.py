@@ -7,7 +7,7 @@
 
 Each measurement is a fresh process on a fresh database or schema; the
 systems take turns within each repetition so that drift on a noisy machine
-hits them alike. Results go to benchmarks/results.json; report.py turns them
+hits them alike. Results go to benchmarks/results.json (or --out); report.py turns them
 into docs/benchmarks.md and docs/benchmarks.png.
 
 The cost of a commit on this machine (a one-row INSERT in autocommit: the
