@@ -110,6 +110,26 @@ def test_differing_columns_take_the_varied_statement(app, conn, tasks, monkeypat
     assert by_n[6][3] == 5
 
 
+async def test_options_all_the_jobs_share_travel_once_on_every_driver(app, joblane_dsn, conn, monkeypatch):
+    when = dt.datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    names = statements(monkeypatch)
+    ids = app.enqueue_many(conn, [JobSpec("k", {"n": n}, run_after=when, priority=2) for n in range(3)])
+    ids += app.enqueue_many(conn, [JobSpec("k", {"n": n}, delay=dt.timedelta(hours=1)) for n in range(3, 5)])
+    assert names == ["enqueue_many"] * 2
+    async_names = statements(monkeypatch, "fetch_async")
+    apg = await asyncpg.connect(joblane_dsn)
+    try:
+        ids += await app.enqueue_many_async(apg, [JobSpec("k", {"n": n}, run_after=when, priority=2)
+                                                  for n in range(5, 7)])
+    finally:
+        await apg.close()
+    assert async_names == ["enqueue_many"]
+    got = rows(conn, app, ids)
+    assert [got[i][2]["n"] for i in ids] == list(range(7))
+    assert {got[i][7] for i in ids[:3] + ids[5:]} == {when} and {got[i][3] for i in ids[:3]} == {2}
+    assert all(dt.timedelta(minutes=59) < got[i][8] <= dt.timedelta(hours=1, seconds=1) for i in ids[3:5])
+
+
 def test_unique_keys_take_the_unique_statement_and_skip_what_an_unfinished_job_holds(app, conn, monkeypatch):
     held = app.enqueue(conn, "sync", {"first": True}, unique_key="tenant-1")
     names = statements(monkeypatch)

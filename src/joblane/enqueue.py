@@ -150,7 +150,6 @@ class Chunk(NamedTuple):
     states: str | None
     wake: list[str] | None  # the queues to notify
     unique: bool  # some job has a unique key: the statement with the arbiter
-    size: int
 
 
 def statement(app: Any, chunk: Chunk) -> Any:
@@ -208,8 +207,7 @@ def payload_chunks(app: Any, kind: str, payloads: Iterable[Any], *, queue: str |
                     raise JoblaneError(f"payloads[{start + i}]: {exc}") from None
             document = "[" + ",".join(to_json("payload", p) for p in part) + "]"
         out.append(Chunk(document, queue, kind, priority, max_attempts, run_after, delay, None, state,
-                         None, None, None, None, None, None, None, None, _wake(app, [queue] if ready else []), False,
-                         len(part)))
+                         None, None, None, None, None, None, None, None, _wake(app, [queue] if ready else []), False))
     return out
 
 
@@ -260,7 +258,7 @@ def _plain_chunk(app: Any, specs: list[Any]) -> Chunk | None:
     if len(defaults) == 1:
         (kind, (queue, priority, max_attempts)), = defaults.items()
         return Chunk(document, queue, kind, priority, max_attempts, None, 0.0, None, PENDING,
-                     None, None, None, None, None, None, None, None, _wake(app, [queue]), False, len(kinds))
+                     None, None, None, None, None, None, None, None, _wake(app, [queue]), False)
     shared = {}
     for i, name in enumerate(("queue", "priority", "max_attempts")):
         values = {d[i] for d in defaults.values()}
@@ -270,7 +268,7 @@ def _plain_chunk(app: Any, specs: list[Any]) -> Chunk | None:
     max_attempts, max_attempts_each = shared["max_attempts"]
     return Chunk(document, queue, None, priority, max_attempts, None, 0.0, None, PENDING,
                  queues, encode_json(kinds), priorities, max_attempts_each, None, None, None, None,
-                 _wake(app, sorted({d[0] for d in defaults.values()})), False, len(kinds))
+                 _wake(app, sorted({d[0] for d in defaults.values()})), False)
 
 
 def _payload_document(app: Any, payloads: list[Any]) -> str | None:
@@ -353,7 +351,7 @@ def _full_chunk(app: Any, specs: list[Any], offset: int) -> Chunk:
             shared.append(None)
             each.append(encode_json(column))
     return Chunk("[" + ",".join(bodies) + "]", *shared, *each, _wake(app, sorted(ready_queues)),
-                 any(k is not None for k in key_col), len(bodies))
+                 any(k is not None for k in key_col))
 
 
 def _wake(app: Any, queues: list[str]) -> list[str] | None:
