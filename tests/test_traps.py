@@ -19,6 +19,8 @@ import psycopg
 
 from joblane import store
 
+from .conftest import table
+
 
 async def test_a_completion_never_waits_on_another_workers_claim_or_poll(app, joblane_dsn, conn, monkeypatch):
     """4 workers, jobs trickling in: every completion is written at once.
@@ -87,7 +89,7 @@ async def test_a_completion_never_waits_on_another_workers_claim_or_poll(app, jo
         await asyncio.to_thread(trickle)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            done = conn.execute(f"SELECT count(*) FROM {app.schema}.jobs WHERE state = 'done'").fetchone()[0]
+            done = conn.execute(f"SELECT count(*) FROM {table(app, 'jobs')} WHERE state = 'done'").fetchone()[0]
             if done == jobs:
                 break
             await asyncio.sleep(0.05)
@@ -99,7 +101,7 @@ async def test_a_completion_never_waits_on_another_workers_claim_or_poll(app, jo
         watcher.join(5)
 
     assert done == jobs
-    claimed_by = conn.execute(f"SELECT count(DISTINCT worker) FROM {app.schema}.attempts").fetchone()[0]
+    claimed_by = conn.execute(f"SELECT count(DISTINCT worker) FROM {table(app, 'attempts')}").fetchone()[0]
     assert claimed_by >= 2, "the workers did not share the work: nothing to collide"
     durations.sort()
     shown = (f"{len(durations)} completion writes: median {statistics.median(durations) * 1000:.1f} ms,"
