@@ -309,8 +309,9 @@ def _full_chunk(app: Any, specs: list[Any], offset: int) -> Chunk:
                 elif not isinstance(spec, JobSpec):
                     raise JoblaneError(
                         f"enqueue_many takes JobSpec, dict or (kind, payload) tuples, got {type(spec).__name__}")
-            simple = (spec.run_after is None and spec.delay is None and spec.unique_key is None
-                      and spec.priority is None and spec.max_attempts is None and not spec.held)
+            # the kind's defaults, checked once per (kind, queue); a unique key alone is checked per job
+            simple = (spec.run_after is None and spec.delay is None and spec.priority is None
+                      and spec.max_attempts is None and not spec.held)
             try:
                 resolved = defaults.get((spec.kind, spec.queue)) if simple else None
             except TypeError:  # an unhashable kind or queue: check_options says what is wrong
@@ -324,7 +325,9 @@ def _full_chunk(app: Any, specs: list[Any], offset: int) -> Chunk:
                     defaults[(spec.kind, spec.queue)] = (queue, priority, max_attempts)
             else:
                 queue, priority, max_attempts = resolved
-                run_after, delay, unique_key, state, ready = None, 0.0, None, PENDING, True
+                run_after, delay, unique_key, state, ready = None, 0.0, spec.unique_key, PENDING, True
+                if unique_key is not None:
+                    check_text("unique_key", unique_key, 1000)
             bodies.append(to_json("payload", spec.payload, limit))
         except JoblaneError as exc:
             raise JoblaneError(f"jobs[{offset + i}]: {exc}") from None
