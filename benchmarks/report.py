@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
-"""Turn benchmarks/results.json into docs/benchmarks.md (tables) and docs/benchmarks.png (a plot).
+"""Turn benchmarks/results*.json into docs/benchmarks.md (tables) and docs/benchmarks.png (a plot).
 
-    python benchmarks/report.py [--results benchmarks/results.json]
+    python benchmarks/report.py                                  # every benchmarks/results*.json
+    python benchmarks/report.py --results benchmarks/results-b.json
+
+Several results files (short runs of a few workloads each: run.py --out)
+make one page: each workload is shown from the latest run that has it, with
+that run's command, time and commit cost.
 """
 
 from __future__ import annotations
@@ -16,9 +21,21 @@ DOCS = HERE.parent / "docs"
 NAMES = {
     "a": "a: enqueue, one transaction each (jobs/s)",
     "b": "b: bulk enqueue, 1,000 per call (jobs/s)",
-    "c": "c: process pre-filled no-op jobs, one worker (jobs/s, done in the DB)",
+    "c": "c: process pre-filled no-op jobs, one worker (PGMQ: its consumers) (jobs/s, done in the DB)",
     "d": "d: enqueue-to-start latency, idle worker (ms)",
 }
+
+
+SYSTEM_NAMES = {"joblane": "joblane", "pgqueuer": "PgQueuer", "procrastinate": "Procrastinate", "pgmq": "PGMQ"}
+
+
+def commit_lines(machine: dict) -> list[str]:
+    """What a commit cost on the machine, before and after the runs (run.py measures it)."""
+    got = [(label, machine.get(key)) for label, key in (("before", "commit_before"), ("after", "commit_after"))]
+    shown = [f"{c['commit_ms']:.2f} ms {label} (round trip {c['round_trip_ms']:.2f} ms)" for label, c in got if c]
+    if not shown:
+        return []
+    return [f"- a commit (a one-row INSERT in autocommit, its WAL flushed) cost {' and '.join(shown)} the runs"]
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -39,7 +56,7 @@ def plot(results: list[dict], path: Path) -> None:
     ax.set_xticks([x + width * (len(systems) - 1) / 2 for x in range(len(groups))], groups)
     ax.set_ylabel("jobs/s (median)")
     ax.set_yscale("log")
-    ax.set_title("joblane and peers, same machine, same run")
+    ax.set_title("joblane and peers, same machine (each workload from one run)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -47,31 +64,62 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--results", default=str(HERE / "results.json"))
+    parser.add_argument("--results", action="append",
+                        help="results of run.py (repeatable: a later file's workloads replace an earlier one's; "
+                             "default every benchmarks/results*.json, oldest run first)")
     parser.add_argument("--extra", default=str(HERE / "extra.jsonl"),
                         help="joblane bench --json lines of workloads e, f, g (joblane alone)")
     args = parser.parse_args()
-    data = json.loads(Path(args.results).read_text())
+    paths = args.results or [str(p) for p in sorted(HERE.glob("results*.json"))]
+    runs = sorted((json.loads(Path(p).read_text()) for p in paths), key=lambda run: run["when"])
+    source: dict[str, int] = {}  # workload -> the run it is shown from
+    for i, run in enumerate(runs):
+        for r in run["results"]:
+            source[r["workload"]] = i
+    results = [r for i, run in enumerate(runs) for r in run["results"] if source[r["workload"]] == i]
+    ratios = [x for i, run in enumerate(runs) for x in run["ratios"] if source[x["workload"]] == i]
     DOCS.mkdir(exist_ok=True)
+    systems = {r["system"] for r in results}
+    names = [SYSTEM_NAMES.get(s, s) for s in sorted(systems, key=lambda s: (s != "joblane", s))]
+    if len(names) < 2:
+        names = names * 2
     lines = [
         "# Benchmarks",
         "",
-        "joblane, PgQueuer and Procrastinate measured in one run on the same machine and the same",
-        "PostgreSQL, taking turns, each measurement in a fresh process and a fresh database or schema.",
-        "Compare the ratios; absolute numbers depend on the machine (and this one is shared and noisy).",
+        f"{', '.join(names[:-1])} and {names[-1]} measured on the same machine and the same PostgreSQL,",
+        "taking turns within each run, each measurement in a fresh process and a fresh database or schema.",
+        "Compare the ratios within a run; absolute numbers depend on the machine (and this one is shared",
+        "and noisy: other engineers' test suites run on its 2 cores).",
         "",
-        f"- when: {data['when']}",
-        f"- machine: {data['machine']['cpus']} cores, {data['machine']['platform']}, Python {data['machine']['python']}",
-        f"- command: `{data['command']}` then `python benchmarks/report.py`",
-        f"- repetitions: {data['reps']} (medians below), sizes x{data['scale']}",
+    ]
+    used = sorted(set(source.values()))
+    for i in used:
+        run = runs[i]
+        shown = ", ".join(w for w in sorted(source) if source[w] == i)
+        lines += [
+            f"- {'run' if len(used) == 1 else f'workloads {shown}'}: {run['when']}, "
+            f"`{run['command']}`, {run['reps']} repetitions (medians below), sizes x{run['scale']}",
+            *["  " + line[2:] for line in commit_lines(run["machine"])],
+        ]
+    machine = runs[used[-1]]["machine"]
+    lines += [
+        f"- machine: {machine['cpus']} cores, {machine['platform']}, Python {machine['python']}; "
+        "then `python benchmarks/report.py` (every `benchmarks/results*.json`, a workload from the latest run that has it)",
         "- workloads as in peers.md: c is timed from worker start until a separate connection sees no unfinished job;",
         "  `defaults` is concurrency 10 with each library's other defaults, `best` each library's fastest settings",
-        "  (joblane: 400 in flight, claims of 200; PgQueuer: batch 200, 400 tasks; Procrastinate: concurrency 20).",
+        "  (joblane: 400 in flight, claims of 200; PgQueuer: batch 200, 400 tasks; Procrastinate: concurrency 20;",
+        "  PGMQ: 4 consumers reading 200 and deleting each batch with one call, `defaults` one consumer reading 10",
+        "  and deleting each message; d: PGMQ's `read_with_poll` every 10 ms).",
+        "- b: joblane's `-` row is `App.enqueue_many` of `JobSpec`s, `typed` the task's bulk form",
+        "  (`task.enqueue_many(conn, payloads)`, a list of payloads as PGMQ's `send_batch` takes a list of",
+        "  messages), `notify off` the first with `App(notify=False)`; each call is its own transaction.",
+        "- PGMQ is installed from the SQL-only install file its Python client ships (no extension); every call",
+        "  goes through its async client (asyncpg) on held connections.",
         "- the attempts audit stays on for joblane (one `attempts` row per try).",
         "",
     ]
     for workload in ("a", "b", "c", "d"):
-        rows = [r for r in data["results"] if r["workload"] == workload]
+        rows = [r for r in results if r["workload"] == workload]
         if not rows:
             continue
         lines += [f"## {NAMES[workload]}", "", "| system | settings | median | runs |", "|---|---|---|---|"]
@@ -79,11 +127,11 @@ def main() -> None:
             shown = (f"p50 {r['median']:.2f} ms, p99 {r['p99_median']:.2f} ms" if workload == "d"
                      else f"{r['median']:,.0f}")
             lines.append(f"| {r['system']} | {r['profile']} | {shown} | {r['runs']} |")
-        ratios = [x for x in data["ratios"] if x["workload"] == workload]
-        if ratios:
+        got = [x for x in ratios if x["workload"] == workload]
+        if got:
             lines += ["", "joblane / peer (higher is better for joblane; for d, the peer's latency over joblane's):", ""]
             lines += [f"- {x['profile'] + ': ' if x['profile'] != '-' else ''}{x['ratio']:.2f}x {x['peer']}"
-                      for x in ratios]
+                      for x in got]
         lines.append("")
     extra_path = Path(args.extra)
     if extra_path.exists():
@@ -98,7 +146,7 @@ def main() -> None:
         for r in extra:
             lines.append(f"| {r['workload']} | {r['settings']} | {r['value']:,.0f} {r['unit']} |")
         lines.append("")
-    plot(data["results"], DOCS / "benchmarks.png")
+    plot(results, DOCS / "benchmarks.png")
     lines += ["![jobs/s per system](benchmarks.png)", ""]
     notes = HERE / "notes.md"
     if notes.exists():  # where the time goes, measured by hand on the same machine

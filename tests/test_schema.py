@@ -102,6 +102,39 @@ def test_claim_reads_the_partial_index(joblane_dsn, joblane_schema):
         assert "Seq Scan" not in text and "Sort Key: j.priority" not in text.split("Limit")[-1], text
 
 
+@pytest.mark.parametrize("claim", [1, 10, 50, 200, 500])
+def test_the_claim_stays_an_index_scan_with_a_million_jobs_waiting(million_pending, claim):
+    """PGMQ's trap: a plan that flips to a sequential scan or a hash join once the backlog is large.
+
+    With 1,000,000 pending jobs (and finished ones beside them), every claim
+    size walks jobs_ready per queue and updates through the primary key.
+    """
+    app, conn = million_pending
+    plan = run_sql(conn, "EXPLAIN " + app.queries.claim_jobs, [["q0", "q1"], claim, "w", 30.0])
+    text = "\n".join(r[0] for r in plan)
+    assert "jobs_ready" in text and "jobs_pkey" in text, text
+    assert "Seq Scan" not in text and "Hash" not in text, text
+    assert "Sort Key: j.priority" not in text.split("Limit")[-1], text  # no sort of the queue's backlog
+
+
+@pytest.fixture(scope="module")
+def million_pending(joblane_dsn):
+    """A schema with 1,000,000 pending jobs in three queues and 100,000 finished ones, analysed."""
+    with isolated_schema(joblane_dsn, new_schema_name("million")) as schema:
+        app = joblane.App(joblane_dsn, schema=schema)
+        with app.connect() as conn:
+            jobs = quote_ident(schema) + ".jobs"
+            conn.execute(
+                f"INSERT INTO {jobs} (queue, kind, payload, priority, run_after)"
+                " SELECT 'q' || (i % 3), 'k', '{}', (i % 5)::smallint, now() - make_interval(secs => i % 1000)"
+                " FROM generate_series(1, 1000000) AS i")
+            conn.execute(
+                f"INSERT INTO {jobs} (queue, kind, payload, state, finished_at)"
+                " SELECT 'q' || (i % 3), 'k', '{}', 'done', now() FROM generate_series(1, 100000) AS i")
+            conn.execute(f"ANALYZE {jobs}")
+            yield app, conn
+
+
 def test_schema_sql_is_what_the_migrations_produce(joblane_dsn, joblane_schema):
     """sql/schema.sql is the reviewable dump; regenerate it with `python -m joblane.schema_dump`."""
     from joblane.schema_dump import SCHEMA_FILE, dump

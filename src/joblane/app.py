@@ -244,23 +244,27 @@ class App:
     def enqueue_many(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
         """Insert many jobs in one statement per 5,000, in the caller's transaction.
 
-        Returns the ids of the jobs inserted; a job whose ``unique_key`` an
-        unfinished job already holds is skipped. Every job is validated
-        before the first chunk is sent, so bad input writes nothing.
+        Returns the ids of the jobs inserted, in order; a job whose
+        ``unique_key`` an unfinished job already holds is skipped. Every job
+        is validated before the first chunk is sent, so bad input writes
+        nothing; the error names the job (``jobs[3]: ...``).
         """
-        ids: list[int] = []
-        for columns, notify in list(enqueue.chunks(self, jobs)):  # validate all before sending any
-            rows = store.fetch(conn, self.store.enqueue_many(enqueue.rows_document(columns), notify, self.channel))
-            ids.extend(r[0] for r in rows)
-        return ids
+        return self._insert_chunks(conn, enqueue.chunks(self, jobs))
 
     async def enqueue_many_async(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
         """``enqueue_many`` on a psycopg AsyncConnection or an asyncpg connection."""
+        return await self._insert_chunks_async(conn, enqueue.chunks(self, jobs))
+
+    def _insert_chunks(self, conn: Any, chunks: list[enqueue.Chunk]) -> list[int]:
         ids: list[int] = []
-        for columns, notify in list(enqueue.chunks(self, jobs)):  # validate all before sending any
-            rows = await store.fetch_async(conn, self.store.enqueue_many(enqueue.rows_document(columns), notify,
-                                                                         self.channel))
-            ids.extend(r[0] for r in rows)
+        for chunk in chunks:
+            ids.extend(r[0] for r in store.fetch(conn, enqueue.statement(self, chunk)))
+        return ids
+
+    async def _insert_chunks_async(self, conn: Any, chunks: list[enqueue.Chunk]) -> list[int]:
+        ids: list[int] = []
+        for chunk in chunks:
+            ids.extend(r[0] for r in await store.fetch_async(conn, enqueue.statement(self, chunk)))
         return ids
 
     # -- outbox and inbox (joblane.outbox) ----------------------------------
@@ -492,7 +496,8 @@ class App:
 
 
 def _attach_enqueue(app: App, fn: Callable[..., Any], kind: str) -> None:
-    """Typed enqueue on the decorated function: ``enrich_lead.enqueue(conn, payload, **options)``."""
+    """Typed enqueue on the decorated function: ``enrich_lead.enqueue(conn, payload, **options)``,
+    and in bulk: ``enrich_lead.enqueue_many(conn, payloads, **options)``."""
 
     def enqueue_job(conn: Any, payload: Any = None, **options: Any) -> int:
         return app.enqueue(conn, kind, payload, **options)
@@ -500,11 +505,24 @@ def _attach_enqueue(app: App, fn: Callable[..., Any], kind: str) -> None:
     async def enqueue_job_async(conn: Any, payload: Any = None, **options: Any) -> int:
         return await app.enqueue_async(conn, kind, payload, **options)
 
+    def enqueue_many(conn: Any, payloads: Iterable[Any], **options: Any) -> list[int]:
+        return app._insert_chunks(conn, enqueue.payload_chunks(app, kind, payloads, **options))
+
+    async def enqueue_many_async(conn: Any, payloads: Iterable[Any], **options: Any) -> list[int]:
+        return await app._insert_chunks_async(conn, enqueue.payload_chunks(app, kind, payloads, **options))
+
     enqueue_job.__doc__ = f"Enqueue a {kind!r} job on ``conn`` in the caller's transaction (App.enqueue)."
     enqueue_job_async.__doc__ = f"Enqueue a {kind!r} job on an async connection (App.enqueue_async)."
+    enqueue_many.__doc__ = (
+        f"Enqueue one {kind!r} job per payload on ``conn`` in the caller's transaction; returns their ids in order.\n\n"
+        "The options (queue, priority, run_after, delay, max_attempts, held) hold for every job; "
+        "one statement per 5,000 jobs (App.enqueue_many).")
+    enqueue_many_async.__doc__ = f"``enqueue_many`` of {kind!r} jobs on an async connection."
     try:
         fn.enqueue = enqueue_job
         fn.enqueue_async = enqueue_job_async
+        fn.enqueue_many = enqueue_many
+        fn.enqueue_many_async = enqueue_many_async
         fn.kind = kind
     except (AttributeError, TypeError):  # a callable that takes no attributes: enqueue by name only
         pass

@@ -198,8 +198,24 @@ class Store:
     def unfinished_by_unique_key(self, unique_key) -> Statement:
         return self._s("unfinished_by_unique_key", unique_key)
 
-    def enqueue_many(self, rows_json, notify, channel) -> Statement:
-        return self._s("enqueue_many", rows_json, notify, channel)
+    def enqueue_many(self, payloads_json, queue, kind, priority, max_attempts, run_after, delay, state, channel,
+                     wake_queues) -> Statement:
+        return self._s("enqueue_many", payloads_json, queue, kind, priority, max_attempts, run_after, delay, state,
+                       channel, wake_queues)
+
+    def enqueue_many_varied(self, payloads_json, queue, kind, priority, max_attempts, run_after, delay, unique_key,
+                            state, queues_json, kinds_json, priorities_json, max_attempts_json, run_afters_json,
+                            delays_json, unique_keys_json, states_json, channel, wake_queues) -> Statement:
+        return self._s("enqueue_many_varied", payloads_json, queue, kind, priority, max_attempts, run_after, delay,
+                       unique_key, state, queues_json, kinds_json, priorities_json, max_attempts_json,
+                       run_afters_json, delays_json, unique_keys_json, states_json, channel, wake_queues)
+
+    def enqueue_many_unique(self, payloads_json, queue, kind, priority, max_attempts, run_after, delay, unique_key,
+                            state, queues_json, kinds_json, priorities_json, max_attempts_json, run_afters_json,
+                            delays_json, unique_keys_json, states_json, channel, wake_queues) -> Statement:
+        return self._s("enqueue_many_unique", payloads_json, queue, kind, priority, max_attempts, run_after, delay,
+                       unique_key, state, queues_json, kinds_json, priorities_json, max_attempts_json,
+                       run_afters_json, delays_json, unique_keys_json, states_json, channel, wake_queues)
 
     def claim_jobs(self, queues, limit, worker, lease_seconds) -> Statement:
         return self._s("claim_jobs", queues, limit, worker, lease_seconds)

@@ -2,7 +2,9 @@
 
 Workloads (a-d as in the peers' figures):
   a  enqueue N jobs, one transaction each, one client
-  b  bulk enqueue N jobs through enqueue_many, 1,000 per call
+  b  bulk enqueue N jobs, 1,000 per call: App.enqueue_many of JobSpecs, the
+     task's typed bulk form (task.enqueue_many of payloads), and the first
+     with notifications off
   c  process N pre-filled no-op jobs with one worker, timed from worker start
      until a separate connection sees no unfinished job
   d  latency: an idle worker; jobs enqueued one at a time 10 ms apart;
@@ -70,15 +72,34 @@ def enqueue_single(dsn: str, jobs: int = 5000, *, autocommit: bool = True) -> Re
     return Result("a", "autocommit" if autocommit else "explicit transaction", jobs / elapsed, "jobs/s")
 
 
-def enqueue_bulk(dsn: str, jobs: int = 50_000, per_call: int = 1000) -> Result:
+def enqueue_bulk(dsn: str, jobs: int = 50_000, per_call: int = 1000, *, form: str = "jobspec",
+                 notify: bool = True) -> Result:
+    """b: ``jobs`` jobs in calls of ``per_call``, each call its own transaction (autocommit).
+
+    ``form`` "jobspec": ``app.enqueue_many(conn, [JobSpec(...), ...])``;
+    "typed": ``noop.enqueue_many(conn, [payload, ...])``, the task's bulk
+    form, which takes a list of payloads as PGMQ's send_batch takes a list of
+    messages. ``notify=False``: ``App(notify=False)``, no wake-up sent.
+    """
     with isolated_schema(dsn, new_schema_name("bench")) as schema:
         app = _bench_app(dsn, schema)
+        app.notify = notify
+        noop = app.tasks["noop"].fn
         with psycopg.connect(dsn, autocommit=True) as conn:
+            # one untimed call first, as the peers' scripts do (pgqueuer_bench, pgmq_bench): the first
+            # statement of a process pays for loading code and types
+            app.enqueue_many(conn, [JobSpec("noop", {"warm-up": True})])
+            noop.enqueue_many(conn, [{"warm-up": True}])
             started = time.perf_counter()
             for start in range(0, jobs, per_call):
-                app.enqueue_many(conn, [JobSpec("noop", {"i": i}) for i in range(start, min(jobs, start + per_call))])
+                stop = min(jobs, start + per_call)
+                if form == "typed":
+                    noop.enqueue_many(conn, [{"i": i} for i in range(start, stop)])
+                else:
+                    app.enqueue_many(conn, [JobSpec("noop", {"i": i}) for i in range(start, stop)])
             elapsed = time.perf_counter() - started
-    return Result("b", f"{per_call} per call", jobs / elapsed, "jobs/s")
+    settings = f"{per_call} per call" + (", typed" if form == "typed" else "") + ("" if notify else ", notify off")
+    return Result("b", settings, jobs / elapsed, "jobs/s")
 
 
 def _prefill(app: App, jobs: int) -> None:
@@ -332,7 +353,12 @@ def plan(workloads: tuple[str, ...], profile: str, scale: float,
         if w == "a":
             steps.append(("a", "one transaction each", lambda dsn: enqueue_single(dsn, jobs or int(5000 * scale))))
         elif w == "b":
+            # App.enqueue_many of JobSpecs; the task's typed bulk form; the first without the wake-up
             steps.append(("b", "1,000 per call", lambda dsn: enqueue_bulk(dsn, jobs or int(50_000 * scale))))
+            steps.append(("b", "1,000 per call, typed", lambda dsn: enqueue_bulk(
+                dsn, jobs or int(50_000 * scale), form="typed")))
+            steps.append(("b", "1,000 per call, notify off", lambda dsn: enqueue_bulk(
+                dsn, jobs or int(50_000 * scale), notify=False)))
         elif w == "c":
             for name in (["defaults", "best"] if profile == "all" else [profile]):
                 opts = PROFILES[name]
@@ -352,3 +378,28 @@ def plan(workloads: tuple[str, ...], profile: str, scale: float,
                 steps.append(("g", f"notify {'on' if notify else 'off'}", lambda dsn, n=notify: concurrent_enqueue(
                     dsn, 8, jobs or int(1000 * scale), notify=n)))
     return steps
+
+
+# -- one b measurement in a process of its own (benchmarks/run.py) -------------------
+
+B_VARIANTS = {"-": {}, "typed": {"form": "typed"}, "notify off": {"notify": False}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m joblane.showcase.bench DSN VARIANT JOBS``: one variant of b, one JSON line.
+
+    benchmarks/run.py measures each of b's variants in a fresh process, as it
+    measures the peers: the first measurement of a process runs colder than
+    the ones after it, which would favour the variants ``joblane bench -w b``
+    runs second and third.
+    """
+    import json
+    import sys
+
+    dsn, variant, jobs = argv if argv is not None else sys.argv[1:]
+    print(json.dumps(enqueue_bulk(dsn, int(jobs), **B_VARIANTS[variant]).as_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
