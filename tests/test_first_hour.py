@@ -83,3 +83,15 @@ async def test_a_worker_on_a_queue_without_tasks_says_so(app, conn, caplog):
         await drain(app, queues=["nosuch"])
     [said] = [r.getMessage() for r in caplog.records if "has no task" in r.getMessage()]
     assert "'nosuch'" in said and "real" in said
+
+
+def test_enqueue_never_prepares_on_the_callers_connection_unless_asked(joblane_dsn, joblane_schema):
+    def prepared_after_ten(app) -> int:
+        with psycopg.connect(joblane_dsn, autocommit=True) as c:  # psycopg's default prepare_threshold (5)
+            for i in range(10):
+                app.enqueue(c, "k", {"i": i})
+                app.publish(c, "t.x", {"i": i})
+            return c.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]
+
+    assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema)) == 0  # safe behind PgBouncer
+    assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema, prepare=True)) == 2

@@ -93,8 +93,12 @@ def is_asyncpg(conn: Any) -> bool:
 # -- runners -----------------------------------------------------------------------
 
 
-def fetch(conn: Any, stmt: Statement) -> list[tuple]:
-    """Run ``stmt`` on a sync psycopg connection (or a wrapper of one); every row as a tuple."""
+def fetch(conn: Any, stmt: Statement, *, prepare: bool = False) -> list[tuple]:
+    """Run ``stmt`` on a sync psycopg connection (or a wrapper of one); every row as a tuple.
+
+    ``prepare=True`` lets psycopg prepare it once the connection's ``prepare_threshold`` is reached
+    (``App(prepare=True)``: faster on a direct connection, wrong behind PgBouncer in transaction pooling).
+    """
     raw = _unwrap(conn)
     if not isinstance(raw, psycopg.Connection):
         raise JoblaneError(
@@ -102,16 +106,16 @@ def fetch(conn: Any, stmt: Statement) -> list[tuple]:
             "use the *_async variant for asyncpg or psycopg AsyncConnection"
         )
     with psycopg.RawCursor(raw) as cur:
-        cur.execute(stmt.sql, stmt.args, prepare=False)
+        cur.execute(stmt.sql, stmt.args, prepare=None if prepare else False)
         return cur.fetchall() if cur.description is not None else []
 
 
-async def fetch_async(conn: Any, stmt: Statement) -> list[tuple]:
+async def fetch_async(conn: Any, stmt: Statement, *, prepare: bool = False) -> list[tuple]:
     """Run ``stmt`` on a psycopg AsyncConnection or an asyncpg connection; every row as a tuple."""
     raw = await _unwrap_async(conn)
     if isinstance(raw, psycopg.AsyncConnection):
         async with psycopg.AsyncRawCursor(raw) as cur:
-            await cur.execute(stmt.sql, stmt.args, prepare=False)
+            await cur.execute(stmt.sql, stmt.args, prepare=None if prepare else False)
             return await cur.fetchall() if cur.description is not None else []
     if is_asyncpg(raw) or hasattr(raw, "fetch"):
         return [tuple(r) for r in await raw.fetch(stmt.sql, *stmt.args)]

@@ -45,14 +45,15 @@ def _publish_statement(app: App, topic: str, payload: Any, key: str | None, idem
 def publish(app: App, conn: Any, topic: str, payload: Any = None, *, key: str | None = None,
             idempotency_key: str | None = None, headers: Mapping[str, str] | None = None) -> int:
     with telemetry.publish_span(topic, headers) as headers:  # adds traceparent while a span is active
-        return store.fetch(conn, _publish_statement(app, topic, payload, key, idempotency_key, headers))[0][0]
+        return store.fetch(conn, _publish_statement(app, topic, payload, key, idempotency_key, headers),
+                           prepare=app.prepare)[0][0]
 
 
 async def publish_async(app: App, conn: Any, topic: str, payload: Any = None, *, key: str | None = None,
                         idempotency_key: str | None = None, headers: Mapping[str, str] | None = None) -> int:
     with telemetry.publish_span(topic, headers) as headers:  # adds traceparent while a span is active
         stmt = _publish_statement(app, topic, payload, key, idempotency_key, headers)
-        return (await store.fetch_async(conn, stmt))[0][0]
+        return (await store.fetch_async(conn, stmt, prepare=app.prepare))[0][0]
 
 
 def inbox(app: App, conn: Any, key: str) -> bool:
