@@ -96,10 +96,13 @@ async def test_a_relay_behind_pgbouncer_in_transaction_pooling_delivers_every_me
         relay = spawn_relay(APP, app.schema, "--pgbouncer", "--poll-interval", "0.2", "--batch-size", "50",
                             env={"TEST_HTTP_URL": receiver.url, "DATABASE_URL": pooled})
         await eventually(lambda: len(receiver.posts()) >= 300, timeout=60, message="every message delivered")
+        [registered] = conn.execute(f'SELECT role, pid, queues FROM "{app.schema}".processes').fetchall()
+        assert registered == ("relay", relay.proc.pid, ["hook."]), "the relay registered (joblane workers lists it)"
         await eventually(lambda: all(s == "sent" for _, s, *_ in outbox_rows(conn, app)), timeout=30,
                          message="every row marked sent")
         relay.proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(relay.proc.wait, 30) == 0, relay.output()
+        assert conn.execute(f'SELECT count(*) FROM "{app.schema}".processes').fetchone()[0] == 0, "deregistered"
     keys = receiver.keys()
     assert len(keys) == 300 == len(set(keys)), "each message once"
     problems = [line for line in relay.output().splitlines()

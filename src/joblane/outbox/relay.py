@@ -40,7 +40,7 @@ import asyncpg
 
 from .. import store, telemetry
 from ..errors import JoblaneError
-from ..lifecycle import GracefulSignals, retry_delay, sleep_unless
+from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
 from ..maintenance import OutboxPruner
 from ..migrations import check_async
 from ..notifier import Notifier
@@ -479,6 +479,27 @@ class Relay:
     async def _sleep(self, seconds: float) -> None:
         await sleep_unless(self._stopping, seconds)
 
+    async def _registered(self) -> None:
+        """Register in ``processes`` and renew it every third of the lease (a relay's loop runs no user code)."""
+        while not self._stopping.is_set():
+            try:
+                async with self._pool.acquire() as conn:
+                    # a relay runs no jobs: its row says it is alive and which topics it serves
+                    if not await store.records(conn, self.store.heartbeat_process(self.name, 0, self.lease_seconds)):
+                        await store.records(conn, _registration(self))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.debug("relay registration: %s", describe(exc))
+            await sleep_unless(self._stopping, self.heartbeat_seconds)
+
+    async def _deregister(self) -> None:
+        try:
+            async with self._pool.acquire() as conn:
+                await store.records(conn, self.store.deregister_process(self.name))
+        except Exception as exc:  # noqa: BLE001 - the rescuer drops the row once its lease runs out
+            log.debug("relay deregistration: %s", describe(exc))
+
     async def run(self, *, install_signals: bool = True) -> Counter[str]:
         """Relay until ``request_stop()`` or SIGTERM/SIGINT; returns counts of what was done."""
         loop = asyncio.get_running_loop()
@@ -507,7 +528,8 @@ class Relay:
                      ", ".join(f"{r.prefix or '*'} -> {r.sink!r}{' (ordered)' if r.ordered else ''}"
                                for r in self.routes))
             background = [asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="outbox-pruner"),
-                          asyncio.create_task(self._summaries(), name="outbox-summary")]
+                          asyncio.create_task(self._summaries(), name="outbox-summary"),
+                          asyncio.create_task(self._registered(), name="outbox-registration")]
             if self.listen:
                 notifier = Notifier(self.app.dsn, channel(self.app), {""}, self._wake.set,
                                     application_name=self.application_name)
@@ -525,6 +547,7 @@ class Relay:
             for t in background:
                 t.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            await self._deregister()
         finally:
             await self.close()
             if install_signals:
@@ -532,6 +555,14 @@ class Relay:
         log.info("relay %s stopped: %s", self.name, tally(self.stats, "nothing delivered"),
                  extra={"joblane": {"stats": {k: v for k, v in self.stats.items() if v}}})
         return self.stats
+
+
+# -- the process registry (joblane workers, the dashboard) ---------------------
+
+def _registration(relay: Relay) -> store.Statement:
+    topics = [r.prefix or "*" for r in relay.routes]
+    return relay.store.register_process(relay.name, "relay", socket.gethostname(), os.getpid(), version(), topics,
+                                        [], relay.concurrency, relay.lease_seconds)
 
 
 class _Unreachable(JoblaneError):
