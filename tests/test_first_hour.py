@@ -95,3 +95,26 @@ def test_enqueue_never_prepares_on_the_callers_connection_unless_asked(joblane_d
 
     assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema)) == 0  # safe behind PgBouncer
     assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema, prepare=True)) == 2
+
+
+def test_status_health_shows_the_tables_and_warns(app, conn):
+    import json
+
+    from click.testing import CliRunner
+
+    from joblane.cli import main
+
+    app.enqueue_many(conn, [("k", {"i": i}) for i in range(50)])
+    conn.execute(f'DELETE FROM "{app.schema}".jobs WHERE id IN (SELECT id FROM "{app.schema}".jobs LIMIT 10)')
+    env = {"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema, "COLUMNS": "200"}
+    result = CliRunner().invoke(main, ["status", "--health", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    tables = {t["table"]: t for t in report["tables"]}
+    assert {"jobs", "attempts", "outbox", "processes"} <= set(tables)
+    assert tables["jobs"]["bytes"] > 0
+    autovacuum = conn.execute("SHOW autovacuum").fetchone()[0] == "on"
+    assert report["autovacuum"] is autovacuum
+    assert any("autovacuum is off" in w for w in report["warnings"]) is (not autovacuum)
+    text = CliRunner().invoke(main, ["status", "--health"], env=env)
+    assert text.exit_code == 0 and "jobs" in text.output and "oldest open transaction" in text.output

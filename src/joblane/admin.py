@@ -146,6 +146,33 @@ def job_states(app: Any, ids: Sequence[int], conn: Any = None) -> dict[int, str]
     return {i: s for i, s in _rows(app, conn, app.store.job_states(list(ids)))}
 
 
+# -- health of the tables ------------------------------------------------------------
+
+# dead row versions past this share of the live ones (and this many) mean vacuum is behind
+DEAD_SHARE = 0.2
+DEAD_MIN = 10_000
+OLD_TRANSACTION_SECONDS = 300.0
+
+
+def health(app: Any, conn: Any = None) -> dict[str, Any]:
+    """Table sizes, dead row versions, last vacuum, the oldest open transaction, and warnings about them."""
+    tables = [{"table": t, "bytes": size, "live": live, "dead": dead, "last_vacuum": vacuumed, "vacuums": runs}
+              for t, size, live, dead, vacuumed, runs in _rows(app, conn, app.store.table_health(app.schema))]
+    if not any(t["table"] == "jobs" for t in tables):
+        raise JoblaneError(f"schema {app.schema!r} has no joblane tables: run `joblane migrate`")
+    [(autovacuum, oldest)] = _rows(app, conn, app.store.database_health())
+    warnings = []
+    if not autovacuum:
+        warnings.append("autovacuum is off: dead rows pile up and claims slow down at high rates; turn it on")
+    for t in tables:
+        if t["dead"] >= DEAD_MIN and t["dead"] > DEAD_SHARE * max(t["live"], 1):
+            warnings.append(f"{t['table']}: {t['dead']:,} dead row versions for {t['live']:,} live: "
+                            "vacuum is falling behind")
+    if oldest is not None and oldest > OLD_TRANSACTION_SECONDS:
+        warnings.append(f"a transaction has been open for {oldest:.0f}s: no vacuum can reclaim rows it may see")
+    return {"tables": tables, "autovacuum": autovacuum, "oldest_transaction_seconds": oldest, "warnings": warnings}
+
+
 # -- workers and relays ----------------------------------------------------------------
 
 _PROCESS_KEYS = ("name", "role", "host", "pid", "version", "queues", "kinds", "concurrency", "running",

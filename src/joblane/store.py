@@ -291,6 +291,12 @@ class Store:
     def job_states(self, ids) -> Statement:
         return self._s("job_states", ids)
 
+    def table_health(self, schema) -> Statement:
+        return self._s("table_health", schema)
+
+    def database_health(self) -> Statement:
+        return self._s("database_health")
+
     def list_processes(self) -> Statement:
         return self._s("list_processes")
 

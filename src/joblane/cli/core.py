@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from .. import rules
+from .. import admin, rules
 from ..app import App
 from ..admin import CANCELLABLE, RETRYABLE
 from ..types import FINISHED_STATES, JOB_STATES
@@ -91,11 +91,15 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
 
 
 @click.command()
+@click.option("--health", is_flag=True, help="Table sizes, dead rows, last vacuum, the oldest transaction; warnings.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Jobs per queue and state, and the age of the oldest ready job."""
+def status(ctx: click.Context, health: bool, as_json: bool) -> None:
+    """Jobs per queue and state, and the age of the oldest ready job (--health: the tables)."""
     app = app_from_context(ctx)
+    if health:
+        _health(app, as_json)
+        return
     rows = run_or_fail(app.status)
     if as_json:
         emit_json(rows)
@@ -117,6 +121,25 @@ def status(ctx: click.Context, as_json: bool) -> None:
         console.print(f"no jobs in schema {app.schema}")
     else:
         print_table(table)
+
+
+def _health(app: App, as_json: bool) -> None:
+    report = run_or_fail(lambda: admin.health(app))
+    if as_json:
+        emit_json(report)
+        return
+    table = Table(title=f"joblane tables (schema {app.schema})")
+    for col in ("table", "size", "live rows", "dead rows", "last vacuum", "vacuums"):
+        table.add_column(col, justify="left" if col in ("table", "last vacuum") else "right")
+    for t in report["tables"]:
+        table.add_row(t["table"], f"{t['bytes'] / 2**20:,.1f} MB", f"{t['live']:,}", f"{t['dead']:,}",
+                      show_time(t["last_vacuum"]), f"{t['vacuums']:,}")
+    print_table(table)
+    oldest = report["oldest_transaction_seconds"]
+    console.print(f"autovacuum {'on' if report['autovacuum'] else 'off'}; oldest open transaction: "
+                  f"{rules.format_age(oldest) if oldest is not None else 'none'}")
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 
 
 @click.group(invoke_without_command=True)

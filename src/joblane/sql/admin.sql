@@ -133,3 +133,19 @@ SELECT name, role, host, pid, version, queues, kinds, concurrency, running, star
   FROM {schema}.processes
  WHERE lease_until > now()
  ORDER BY started_at, name;
+
+-- name: table_health
+-- joblane's tables in schema $1: size on disk, live and dead row versions, and when (auto)vacuum last ran.
+SELECT c.relname::text, pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
+       greatest(s.last_autovacuum, s.last_vacuum), coalesce(s.autovacuum_count, 0) + coalesce(s.vacuum_count, 0)
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
+ WHERE n.nspname = $1 AND c.relkind = 'r'
+ ORDER BY pg_total_relation_size(c.oid) DESC;
+
+-- name: database_health
+-- Whether autovacuum is on, and the age in seconds of the oldest open transaction (it holds back every vacuum).
+SELECT current_setting('autovacuum')::bool,
+       (SELECT extract(epoch FROM max(now() - xact_start))::float8
+          FROM pg_stat_activity WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid());
