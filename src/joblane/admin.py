@@ -216,8 +216,8 @@ def _not_applied(app: Any, conn: Any, job_id: int, action: str) -> JoblaneError:
 def release(app: Any, conn: Any, job_id: int, payload_patch: dict | None = None, *, actor: str | None = None,
             note: str | None = None) -> int:
     patch = _patch_json(app, payload_patch)
-    rows = _rows(app, conn, app.store.release_job(job_id, patch, actor or default_actor(), note, app.notify,
-                                                  app.channel))
+    rows = _rows(app, conn, app.store.release_jobs([job_id], None, None, None, None, patch, actor or default_actor(),
+                                                   note, app.notify, app.channel))
     if rows:
         return rows[0][0]
     raise _not_applied(app, conn, job_id, "released")
@@ -225,7 +225,7 @@ def release(app: Any, conn: Any, job_id: int, payload_patch: dict | None = None,
 
 def reject(app: Any, conn: Any, job_id: int, reason: str, *, actor: str | None = None) -> int:
     check_text("reject reason", reason, 4000)
-    rows = _rows(app, conn, app.store.reject_job(job_id, reason, actor or default_actor()))
+    rows = _rows(app, conn, app.store.reject_jobs([job_id], None, None, None, None, reason, actor or default_actor()))
     if rows:
         return rows[0][0]
     raise _not_applied(app, conn, job_id, "rejected")
@@ -237,8 +237,9 @@ def release_held(app: Any, conn: Any, *, kind: str | None = None, queue: str | N
     """Every held job matching the filters (created in [since, until)) back to pending, payload patched;
     with a patch, a job whose payload is not a JSON object stays held. Returns the ids released."""
     patch = _patch_json(app, payload_patch)
-    rows = _rows(app, conn, app.store.release_jobs(kind, queue, parse_when(since, "since"), parse_when(until, "until"),
-                                                   patch, actor or default_actor(), note, app.notify, app.channel))
+    stmt = app.store.release_jobs(None, kind, queue, parse_when(since, "since"), parse_when(until, "until"), patch,
+                                  actor or default_actor(), note, app.notify, app.channel)
+    rows = _rows(app, conn, stmt)
     return sorted(r[0] for r in rows)
 
 
@@ -246,8 +247,9 @@ def reject_held(app: Any, conn: Any, reason: str, *, kind: str | None = None, qu
                 since: Any = None, until: Any = None, actor: str | None = None) -> list[int]:
     """Cancel every held job matching the filters (created in [since, until)), recording ``reason``."""
     check_text("reject reason", reason, 4000)
-    rows = _rows(app, conn, app.store.reject_jobs(kind, queue, parse_when(since, "since"), parse_when(until, "until"),
-                                                  reason, actor or default_actor()))
+    stmt = app.store.reject_jobs(None, kind, queue, parse_when(since, "since"), parse_when(until, "until"), reason,
+                                 actor or default_actor())
+    rows = _rows(app, conn, stmt)
     return sorted(r[0] for r in rows)
 
 

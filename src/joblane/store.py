@@ -311,19 +311,13 @@ class Store:
     def held_jobs(self, queue, kind, limit) -> Statement:
         return self._s("held_jobs", queue, kind, limit)
 
-    def release_job(self, job_id, patch_json, actor, note, notify, channel) -> Statement:
-        return self._s("release_job", job_id, patch_json, actor, note, notify, channel)
-
-    def reject_job(self, job_id, reason, actor) -> Statement:
-        return self._s("reject_job", job_id, reason, actor)
-
-    def release_jobs(self, kind, queue, created_from, created_before, patch_json, actor, note, notify,
+    def release_jobs(self, ids, kind, queue, created_from, created_before, patch_json, actor, note, notify,
                      channel) -> Statement:
-        return self._s("release_jobs", kind, queue, created_from, created_before, patch_json, actor, note, notify,
-                       channel)
+        return self._s("release_jobs", ids, kind, queue, created_from, created_before, patch_json, actor, note,
+                       notify, channel)
 
-    def reject_jobs(self, kind, queue, created_from, created_before, reason, actor) -> Statement:
-        return self._s("reject_jobs", kind, queue, created_from, created_before, reason, actor)
+    def reject_jobs(self, ids, kind, queue, created_from, created_before, reason, actor) -> Statement:
+        return self._s("reject_jobs", ids, kind, queue, created_from, created_before, reason, actor)
 
     def job_replays(self, job_id) -> Statement:
         return self._s("job_replays", job_id)

@@ -2,7 +2,7 @@
 
 Each step runs joblane's own code against the real database: App.enqueue,
 the named queries (claim_jobs, complete_jobs, extend_leases, rescue_expired,
-cancel_jobs, retry_jobs, release_job, reject_job) and the worker's executor,
+cancel_jobs, retry_jobs, release_jobs, reject_jobs) and the worker's executor,
 which turns what a task did into the outcome complete_jobs writes. The model
 below only says which state each job should be in; after every step the
 database must agree with it and hold the structural invariants.
@@ -240,16 +240,17 @@ class JobStateMachine(RuleBasedStateMachine):
             m.state, m.ready = "pending", True
             m.max_attempts = max(m.max_attempts, m.attempts + 1)
 
-    @precondition(lambda self: hasattr(self.q, "release_job"))
+    @precondition(lambda self: hasattr(self.q, "release_jobs"))
     @rule(data=st.data(), release=st.booleans())
     def decide_held(self, data, release):
         """A person releases (back to pending) or rejects (cancelled) a held job; others are left alone."""
         job_id = data.draw(st.sampled_from(self.ids("held") or self.ids() or [0]))
         m = self.jobs.get(job_id)
         if release:
-            rows = self.sql("release_job", [job_id, "{}", "tester", None, False, self.app.channel])
+            rows = self.sql("release_jobs", [[job_id], None, None, None, None, "{}", "tester", None, False,
+                                             self.app.channel])
         else:
-            rows = self.sql("reject_job", [job_id, "rejected", "tester"])
+            rows = self.sql("reject_jobs", [[job_id], None, None, None, None, "rejected", "tester"])
         applies = m is not None and m.state == "held"
         assert [r[0] for r in rows] == ([job_id] if applies else [])
         if applies:

@@ -24,8 +24,8 @@ SELECT j.id, j.queue, j.kind, j.attempts, coalesce(h.finished_at, j.created_at) 
  ORDER BY held_since, j.id
  LIMIT $3;
 
--- name: release_job
--- Put held job $1 back to pending with payload || $2, recorded as 'released' by actor $3 with note $4; notify when $5.
+-- name: release_jobs
+-- Put held jobs back to pending with payload || $6, recorded as 'released' by actor $7 with note $8: ids $1, or, when $1 is NULL, every held job of kind $2, queue $3, created in [$4, $5); notify when $9.
 --
 -- Guarded by state = 'held': a job released, rejected or cancelled meanwhile
 -- is left alone and no row comes back. A patch applies to object payloads
@@ -35,67 +35,19 @@ SELECT j.id, j.queue, j.kind, j.attempts, coalesce(h.finished_at, j.created_at) 
 WITH target AS (
     SELECT id
       FROM {schema}.jobs
-     WHERE id = $1 AND state = 'held'
-       AND ($2::text::jsonb = '{}'::jsonb OR jsonb_typeof(payload) = 'object')
-       FOR UPDATE
-), released AS (
-    UPDATE {schema}.jobs AS j
-       SET state = 'pending',
-           payload = CASE WHEN $2::text::jsonb = '{}'::jsonb THEN j.payload ELSE j.payload || $2::text::jsonb END,
-           run_after = now(),
-           result = NULL,
-           finished_at = NULL,
-           max_attempts = greatest(j.max_attempts, j.attempts + 1)
-      FROM target
-     WHERE j.id = target.id
- RETURNING j.id, j.queue, j.attempts
-), audit AS (
-    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error, meta)
-    SELECT id, attempts, $3, now(), 'released', $4,
-           CASE WHEN $2::text::jsonb = '{}'::jsonb THEN NULL
-                ELSE jsonb_build_object('payload_patch', $2::text::jsonb) END
-      FROM released
-), notified AS (
-    SELECT pg_notify($6, queue) FROM released WHERE $5::bool
-)
-SELECT id, (SELECT count(*) FROM notified) AS notified FROM released;
-
--- name: reject_job
--- Cancel held job $1 for reason $2, recorded as 'rejected' by actor $3.
-WITH target AS (
-    SELECT id FROM {schema}.jobs WHERE id = $1 AND state = 'held' FOR UPDATE
-), rejected AS (
-    UPDATE {schema}.jobs AS j
-       SET state = 'cancelled', finished_at = now(), last_error = $2
-      FROM target
-     WHERE j.id = target.id
- RETURNING j.id, j.attempts
-), audit AS (
-    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error)
-    SELECT id, attempts, $3, now(), 'rejected', $2 FROM rejected
-)
-SELECT id FROM rejected;
-
--- name: release_jobs
--- Put every held job of kind $1, queue $2, created in [$3, $4) back to pending with payload || $5, recorded as 'released' by actor $6 with note $7; notify when $8.
---
--- The bulk form of release_job, guarded alike: only rows still held, and
--- with a patch only object payloads (the others stay held; the caller
--- reports how many).
-WITH target AS (
-    SELECT id
-      FROM {schema}.jobs
      WHERE state = 'held'
-       AND ($1::text IS NULL OR kind = $1)
-       AND ($2::text IS NULL OR queue = $2)
-       AND ($3::timestamptz IS NULL OR created_at >= $3)
-       AND ($4::timestamptz IS NULL OR created_at < $4)
-       AND ($5::text::jsonb = '{}'::jsonb OR jsonb_typeof(payload) = 'object')
+       AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
+            OR ($1::bigint[] IS NULL
+                AND ($2::text IS NULL OR kind = $2)
+                AND ($3::text IS NULL OR queue = $3)
+                AND ($4::timestamptz IS NULL OR created_at >= $4)
+                AND ($5::timestamptz IS NULL OR created_at < $5)))
+       AND ($6::text::jsonb = '{}'::jsonb OR jsonb_typeof(payload) = 'object')
        FOR UPDATE
 ), released AS (
     UPDATE {schema}.jobs AS j
        SET state = 'pending',
-           payload = CASE WHEN $5::text::jsonb = '{}'::jsonb THEN j.payload ELSE j.payload || $5::text::jsonb END,
+           payload = CASE WHEN $6::text::jsonb = '{}'::jsonb THEN j.payload ELSE j.payload || $6::text::jsonb END,
            run_after = now(),
            result = NULL,
            finished_at = NULL,
@@ -105,35 +57,37 @@ WITH target AS (
  RETURNING j.id, j.queue, j.attempts
 ), audit AS (
     INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error, meta)
-    SELECT id, attempts, $6, now(), 'released', $7,
-           CASE WHEN $5::text::jsonb = '{}'::jsonb THEN NULL
-                ELSE jsonb_build_object('payload_patch', $5::text::jsonb) END
+    SELECT id, attempts, $7, now(), 'released', $8,
+           CASE WHEN $6::text::jsonb = '{}'::jsonb THEN NULL
+                ELSE jsonb_build_object('payload_patch', $6::text::jsonb) END
       FROM released
 ), notified AS (
-    SELECT pg_notify($9, queue) FROM (SELECT DISTINCT queue FROM released) AS q WHERE $8::bool
+    SELECT pg_notify($10, queue) FROM (SELECT DISTINCT queue FROM released) AS q WHERE $9::bool
 )
 SELECT id, (SELECT count(*) FROM notified) AS notified FROM released;
 
 -- name: reject_jobs
--- Cancel every held job of kind $1, queue $2, created in [$3, $4) for reason $5, recorded as 'rejected' by actor $6.
+-- Cancel held jobs for reason $6, recorded as 'rejected' by actor $7: ids $1, or, when $1 is NULL, every held job of kind $2, queue $3, created in [$4, $5).
 WITH target AS (
     SELECT id
       FROM {schema}.jobs
      WHERE state = 'held'
-       AND ($1::text IS NULL OR kind = $1)
-       AND ($2::text IS NULL OR queue = $2)
-       AND ($3::timestamptz IS NULL OR created_at >= $3)
-       AND ($4::timestamptz IS NULL OR created_at < $4)
+       AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
+            OR ($1::bigint[] IS NULL
+                AND ($2::text IS NULL OR kind = $2)
+                AND ($3::text IS NULL OR queue = $3)
+                AND ($4::timestamptz IS NULL OR created_at >= $4)
+                AND ($5::timestamptz IS NULL OR created_at < $5)))
        FOR UPDATE
 ), rejected AS (
     UPDATE {schema}.jobs AS j
-       SET state = 'cancelled', finished_at = now(), last_error = $5
+       SET state = 'cancelled', finished_at = now(), last_error = $6
       FROM target
      WHERE j.id = ANY(ARRAY(SELECT id FROM target)) AND j.id = target.id
  RETURNING j.id, j.attempts
 ), audit AS (
     INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error)
-    SELECT id, attempts, $6, now(), 'rejected', $5 FROM rejected
+    SELECT id, attempts, $7, now(), 'rejected', $6 FROM rejected
 )
 SELECT id FROM rejected;
 
