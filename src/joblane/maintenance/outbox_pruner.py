@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..store import Store
@@ -13,6 +14,7 @@ class OutboxPruner(Service):
 
     name = "outbox-pruner"
     max_batches = 4  # per round: short transactions, many rounds when behind
+    report_level = logging.DEBUG
 
     def __init__(self, store: Store, *, retention: float, interval: float = 60.0, batch: int = 5000, **kw: Any):
         super().__init__(store, interval=interval, **kw)
@@ -24,9 +26,4 @@ class OutboxPruner(Service):
     async def _work(self, conn: Any) -> list[int]:
         """The ids of the rows deleted."""
         stmt = self.store.prune_outbox(self.retention, self.batch)
-        rows = [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
-        self.behind = len(rows) >= self.batch * self.max_batches
-        return rows
-
-    def report(self, done: list) -> None:
-        self.log.debug("%s: %d rows%s", self.name, len(done), " (more to do)" if self.behind else "")
+        return [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]

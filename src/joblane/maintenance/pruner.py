@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..store import Store
@@ -19,6 +20,7 @@ class Pruner(Service):
 
     name = "pruner"
     max_batches = 4  # per round: short transactions, many rounds when behind
+    report_level = logging.DEBUG
 
     def __init__(self, store: Store, *, retention: float = 7 * 86400.0, prune_failed: bool = False,
                  interval: float = 60.0, batch: int = 5000, **kw: Any):
@@ -32,9 +34,4 @@ class Pruner(Service):
     async def _work(self, conn: Any) -> list[int]:
         """The ids of the jobs deleted."""
         stmt = self.store.prune_finished(self.retention, self.prune_failed, self.batch)
-        rows = [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
-        self.behind = len(rows) >= self.batch * self.max_batches
-        return rows
-
-    def report(self, done: list) -> None:
-        self.log.debug("%s: %d rows%s", self.name, len(done), " (more to do)" if self.behind else "")
+        return [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]

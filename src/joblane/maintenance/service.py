@@ -53,24 +53,29 @@ class Service:
 
     async def _batches(self, conn: Any, stmt: Statement, batch: int, max_batches: int | None = None) -> list:
         """The rows of ``stmt`` (which handles at most ``batch`` rows a time) run until it handles fewer,
-        or ``max_batches`` times."""
+        or ``max_batches`` times; stopped at ``max_batches`` full batches, the service is ``behind``."""
         rows: list = []
         runs = 0
+        self.behind = False
         while max_batches is None or runs < max_batches:
             got = await store.records(conn, stmt)
             rows.extend(got)
             runs += 1
             if len(got) < batch:
-                break
+                return rows
+        self.behind = True
         return rows
 
     def starting(self) -> None:
         """Called once before the first round (a log line, say)."""
 
+    report_level = logging.INFO  # the pruners, whose rounds follow each other while behind, log at DEBUG
+
     def report(self, done: list) -> None:
         """Log what a round did."""
         if done:
-            self.log.info("%s: %d rows", self.name, len(done))
+            self.log.log(self.report_level, "%s: %d rows%s", self.name, len(done),
+                         " (more to do)" if self.behind else "")
 
     # Set by a round that stopped with work left (a pruner behind the rate of
     # the workers): the next round comes at once instead of an interval later.
