@@ -18,7 +18,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 import psycopg
+
+from joblane.showcase import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "benchmarks.soak_app:app"
@@ -40,12 +41,6 @@ def pg_bin(name: str) -> str:
         if os.path.exists(candidate):
             return candidate
     sys.exit(f"error: {name} not found (install PostgreSQL's server package)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,13 +15,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from ..helpers import free_port
+
 BINARY = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def version() -> str:
@@ -42,7 +37,7 @@ def pgbouncer(dsn: str, *, pool_mode: str, pool_size: int = 4) -> Iterator[str]:
     user = info.get("user") or "postgres"
     dbname = info.get("dbname") or user
     folder = Path(tempfile.mkdtemp(prefix="joblane-pgbouncer-"))
-    listen = _free_port()
+    listen = free_port()
     password = f" password={info['password']}" if info.get("password") else ""
     (folder / "pgbouncer.ini").write_text(f"""[databases]
 * = host={host} port={port} user={user}{password}

@@ -21,6 +21,7 @@ import pytest
 from joblane.queries import quote_ident
 
 from ..conftest import RelayProcess, spawner
+from ..helpers import free_port
 
 
 def service_reachable(port: int, name: str) -> None:
@@ -197,12 +198,6 @@ def tansu_binary() -> str | None:
         return None
     path = str(bundled)
     return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 10.0) -> None:

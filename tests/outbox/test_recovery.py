@@ -21,7 +21,8 @@ import pytest
 from joblane.outbox import Relay
 from joblane.outbox.sinks import HttpSink, KafkaSink, NatsSink, RabbitMQSink, RedisStreamSink
 
-from .conftest import (Receiver, eventually, free_port, outbox_rows, start_tansu, stop_process, wait_for_port)
+from ..helpers import free_port
+from .conftest import Receiver, eventually, outbox_rows, start_tansu, stop_process, wait_for_port
 
 APP = "tests.outbox.apps:app"
 ROWS = 6

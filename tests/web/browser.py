@@ -9,12 +9,13 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
 from contextlib import contextmanager
 from typing import Iterator
+
+from ..helpers import free_port
 
 CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -71,12 +72,6 @@ def chromium() -> Iterator[object]:
             yield browser
         finally:
             browser.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LiveServer:

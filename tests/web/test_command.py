@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from joblane.cli import main
 
 from ..conftest import ROOT, wait_until
-from .browser import free_port
+from ..helpers import free_port
 
 
 def get(url: str, **kwargs) -> httpx.Response | None:
