@@ -91,7 +91,6 @@ class Heartbeat(threading.Thread):
         self.stats = stats
         self.application_name = application_name
         self.stopped = threading.Event()
-        self.beats = 0
         self._conn: psycopg.Connection | None = None
         self._stalled_since: float | None = None
 
@@ -110,11 +109,15 @@ class Heartbeat(threading.Thread):
             if time.monotonic() >= next_beat:
                 self._beat()
                 next_beat = time.monotonic() + self.interval
+        self._close()
+
+    def _close(self) -> None:
         if self._conn is not None:
             try:
                 self._conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection at shutdown
+            except Exception:  # noqa: BLE001 - a broken connection: nothing more to do with it
                 pass
+            self._conn = None
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
@@ -126,22 +129,18 @@ class Heartbeat(threading.Thread):
 
     def _beat(self) -> None:
         ids = self.jobs()
+        owned: set[int] = set()
         try:
             conn = self._connection()
-            owned = {r[0] for r in store.fetch(conn, self.store.extend_leases(ids, self.worker, self.lease_seconds))} \
-                if ids else set()
+            if ids:
+                owned = {r[0] for r in store.fetch(conn, self.store.extend_leases(ids, self.worker,
+                                                                                   self.lease_seconds))}
             if not store.fetch(conn, self.store.heartbeat_process(self.worker, self.running(), self.lease_seconds)):
                 store.fetch(conn, self.register())  # dropped while unreachable: register again
         except Exception as exc:  # noqa: BLE001 - the next beat tries again on a new connection
             log.warning("heartbeat failed (%s)", first_line(exc))
-            if self._conn is not None:
-                try:
-                    self._conn.close()
-                except Exception:  # noqa: BLE001
-                    pass
-                self._conn = None
+            self._close()
             return
-        self.beats += 1
         lost = set(ids) - owned
         if lost:
             try:
