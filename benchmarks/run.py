@@ -72,12 +72,12 @@ def measurements(workloads: list[str], systems: list[str]) -> list[tuple[str, st
     """(system, workload, profile) in the order one repetition runs them."""
     out = []
     for w in workloads:
-        profiles = ["defaults", "best"] if w == "c" else [None]
+        profiles = ["defaults", "best", "lean"] if w == "c" else [None]
         for p in profiles:
             for s in systems:
                 if s == "joblane" and w == "b":
                     out += [(s, w, v) for v in B_VARIANTS]
-                else:
+                elif p != "lean" or s == "joblane":  # lean: joblane's best with App.task(lean=True)
                     out.append((s, w, p))
     return out
 

@@ -14,7 +14,7 @@ from joblane.types import Outcome
 from joblane.testing import drain
 from joblane.worker import Worker
 
-from .conftest import table
+from .conftest import count, table
 
 
 def fabricate(conn, app, *, state="running", attempts=1, max_attempts=5, lease="- interval '1 minute'",
@@ -142,10 +142,19 @@ async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_ds
         late = Outcome.done(job_id, 1)
         applied = await c.fetch(app.queries.complete_jobs, outcome_rows([late]), "slow-worker")
         assert applied == []
+        # nor delete it, when the task is lean; the worker holding it now can
+        assert await c.fetch(app.queries.delete_done, [job_id], [1], "slow-worker") == []
+        assert await c.fetch(app.queries.delete_done, [job_id], [1], "other-worker") == [], "wrong try"
     finally:
         await c.close()
     assert conn.execute(f"SELECT state, worker FROM {table(app, 'jobs')} WHERE id = %s", (job_id,)).fetchone() == (
         "running", "other-worker")
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        assert [r["id"] for r in await c.fetch(app.queries.delete_done, [job_id], [2], "other-worker")] == [job_id]
+    finally:
+        await c.close()
+    assert count(conn, app, f"id = {job_id}") == 0
 
 
 async def test_a_late_outcome_is_kept_on_the_attempts_row_of_its_try(app, conn, joblane_dsn):

@@ -30,6 +30,7 @@ class Task:
     timeout: float | None
     priority: int
     is_async: bool
+    lean: bool = False  # a done job is deleted at once and writes no attempts row
 
 
 class App:
@@ -114,11 +115,19 @@ class App:
         backoff: float | Callable[[int], float] | None = None,
         timeout: float | None = None,
         priority: int = 0,
+        lean: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register a task: ``@app.task("enrich_lead", queue="leads", max_attempts=8)``.
 
         ``backoff`` is a base delay in seconds (doubling per attempt, with
         jitter) or a function of the attempt number returning seconds.
+
+        ``lean=True`` trades the history of successes for speed: a job that
+        ends ``done`` is deleted in the completing statement (with its steps
+        and the attempts rows of earlier tries) and writes no attempts row,
+        so its result, its meta and the job itself cannot be read, counted,
+        exported or replayed afterwards. Every other outcome (retry, snooze,
+        hold, failure, a lost worker) is written as for any task.
         """
         if max_attempts is not None and max_attempts < 1:
             raise JoblaneError("max_attempts must be at least 1")
@@ -144,6 +153,7 @@ class App:
                 timeout=timeout,
                 priority=priority,
                 is_async=inspect.iscoroutinefunction(fn),
+                lean=bool(lean),
             )
             _attach_enqueue(self, fn, name)
             return fn

@@ -227,6 +227,9 @@ class Store:
     def complete_jobs(self, outcomes_json, worker) -> Statement:
         return self._s("complete_jobs", outcomes_json, worker)
 
+    def delete_done(self, job_ids, attempts, worker) -> Statement:
+        return self._s("delete_done", job_ids, attempts, worker)
+
     def extend_leases(self, job_ids, worker, lease_seconds) -> Statement:
         return self._s("extend_leases", job_ids, worker, lease_seconds)
 

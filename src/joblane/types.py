@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 PENDING = "pending"
 RUNNING = "running"
@@ -79,12 +79,12 @@ class Job:
         self.meta["settled_cost"] = cost
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """What became of one try; the completer writes many of these at once.
 
     Built by one of the named constructors below, one per final state of a
-    try, and never changed afterwards. ``started_at``/``finished_at`` are
+    try, and never changed afterwards (a tuple: immutable, and built in a
+    fraction of a frozen dataclass's time, once per job on the hot path). ``started_at``/``finished_at`` are
     epoch seconds (``time.time()``); ``result`` and ``meta`` are JSON text.
     """
 
@@ -100,13 +100,18 @@ class Outcome:
     finished_at: float | None = None
     meta: str | None = None  # JSON text
     pause: float = 0.0  # seconds to pause the job's queue (RetryAfter(pause_queue=True))
+    lean: bool = False  # done, of a lean task (App.task(lean=True)): the row is deleted, no attempts row
 
     @classmethod
     def done(cls, job_id: int, attempt: int, *, result: str | None = None, started_at: float | None = None,
-             finished_at: float | None = None, meta: str | None = None) -> Outcome:
-        """The task returned: ``done``, with its return value as JSON text (or None)."""
+             finished_at: float | None = None, meta: str | None = None, lean: bool = False) -> Outcome:
+        """The task returned: ``done``, with its return value as JSON text (or None).
+
+        ``lean``: the task keeps no history of success, so the job is deleted
+        instead (its result and meta are not kept).
+        """
         return cls(job_id, attempt, DONE, OUTCOME_DONE, result=result, started_at=started_at,
-                   finished_at=finished_at, meta=meta)
+                   finished_at=finished_at, meta=meta, lean=lean)
 
     @classmethod
     def retry(cls, job_id: int, attempt: int, *, error: str, delay: float, started_at: float | None = None,

@@ -48,3 +48,12 @@ async def blocks_loop(job: joblane.Job) -> dict:
     await record_run(job)
     time.sleep(float(job.payload.get("seconds", 5.0)))  # blocks the worker's loop on purpose
     return {"blocked": job.payload.get("seconds", 5.0)}
+
+
+@app.task("record_lean", lean=True)
+async def record_lean(job: joblane.Job) -> dict:
+    """Lean: a success leaves no row; ``fail_first`` fails the first try, ``fail`` every try."""
+    await record_run(job)
+    if job.payload.get("fail") or (job.payload.get("fail_first") and job.attempt == 1):
+        raise RuntimeError(f"try {job.attempt} fails on purpose")
+    return {"kept": False}

@@ -41,6 +41,9 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @click.option("-q", "--queue", "queues", multiple=True, help="Queue to serve (repeatable; default: the app's task queues).")
 @click.option("-c", "--concurrency", default=10, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--claim-batch", type=click.IntRange(1, 10_000), help="Most jobs per claim (default: concurrency).")
+@click.option("--claimers", type=click.IntRange(1, 16),
+              help="Claims in flight at once, each on its own connection (default: 1, up to 3 when the "
+                   "running and prefetched places hold several claims).")
 @click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(0.01, 3600))
 @click.option("--lease", "lease_seconds", type=click.FloatRange(1, 86400), help="Lease length in seconds (default: the app's, 30).")
 @click.option("--grace", "grace_seconds", default=30.0, show_default=True, type=click.FloatRange(0, 86400),
@@ -68,7 +71,7 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
            poll_interval: float, lease_seconds: float | None, grace_seconds: float, no_listen: bool,
            retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float,
            metrics_port: int | None = None, metrics_host: str = "127.0.0.1", pgbouncer: bool = False, stall_warning: float = 2.0,
-           unknown_kind_timeout: float = 600.0) -> None:
+           unknown_kind_timeout: float = 600.0, claimers: int | None = None) -> None:
     """Run the tasks of APP (module:attribute naming a joblane.App)."""
     from ..worker import Worker
 
@@ -78,7 +81,8 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
     app = app_from_context(ctx, app_spec)
     setup_logging(log_format, verbose)
     w = run_or_fail(lambda: Worker(app, queues=list(queues) or None, concurrency=concurrency,
-                                   claim_batch=claim_batch, poll_interval=poll_interval, lease_seconds=lease_seconds,
+                                   claim_batch=claim_batch, claimers=claimers, poll_interval=poll_interval,
+                                   lease_seconds=lease_seconds,
                                    grace_seconds=grace_seconds, listen=not no_listen,
                                    retention_seconds=retention_seconds, connect_timeout=connect_timeout,
                                    pgbouncer=pgbouncer, stall_warning=stall_warning,

@@ -60,7 +60,7 @@ def demo(ctx: click.Context, lead_count, workers, concurrency, rate, no_chaos, n
 @click.command("bench")
 @click.option("-w", "--workload", "workloads", multiple=True, type=click.Choice(["a", "b", "c", "d", "e", "f", "g"]),
               help="Workloads to run (repeatable; default a, b, c, d).")
-@click.option("--profile", type=click.Choice(["defaults", "best", "all"]), default="all", show_default=True,
+@click.option("--profile", type=click.Choice(["defaults", "best", "lean", "all"]), default="all", show_default=True,
               help="Worker settings for workload c.")
 @click.option("--scale", type=click.FloatRange(0.001, 100), default=1.0, show_default=True,
               help="Multiply every workload's size.")

@@ -174,6 +174,25 @@ WITH outcome AS (
 )
 SELECT id FROM applied;
 
+-- name: delete_done
+-- Lean completion (App.task(lean=True)): delete jobs $1, each still running try $2 for worker $3; returns the ids deleted.
+--
+-- The same guard as complete_jobs, so a late or repeated write is a no-op.
+-- A deleted job takes its checkpointed steps and the attempts rows of its
+-- earlier tries along (nothing would prune them otherwise); a first try
+-- that succeeds has none of the latter, so that probe is skipped.
+WITH gone AS (
+    DELETE FROM {schema}.jobs AS j
+     WHERE j.id = ANY($1::bigint[]) AND j.state = 'running' AND j.worker = $3
+       AND j.attempts = ($2::int[])[array_position($1::bigint[], j.id)]
+ RETURNING j.id, j.attempts
+), steps AS (
+    DELETE FROM {schema}.job_steps AS s WHERE s.job_id = ANY(ARRAY(SELECT id FROM gone))
+), earlier AS (
+    DELETE FROM {schema}.attempts AS a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone WHERE attempts > 1))
+)
+SELECT id FROM gone;
+
 -- name: extend_leases
 -- Heartbeat: extend the leases of the jobs worker $2 still runs; returns those it still owns.
 UPDATE {schema}.jobs

@@ -62,15 +62,23 @@ class Completer:
         return await self.batcher.close(timeout=timeout)
 
     async def write(self, batch: list[Outcome]) -> list[int]:
-        """Write ``batch`` in one statement; returns the ids of the jobs whose outcome applied."""
+        """Write ``batch`` (one statement per kind of write); returns the ids of the jobs whose outcome applied."""
+        lean = [o for o in batch if o.lean]
+        full = [o for o in batch if not o.lean] if lean else batch
         async with self._pool.acquire() as conn:
-            applied = await store.records(conn, self.store.complete_jobs(outcome_rows(batch), self.name))
+            applied = []
+            if full:
+                applied = [r[0] for r in await store.records(conn, self.store.complete_jobs(outcome_rows(full),
+                                                                                             self.name))]
+            if lean:
+                applied += [r[0] for r in await store.records(conn, self.store.delete_done(
+                    [o.job_id for o in lean], [o.attempt for o in lean], self.name))]
             skipped = len(batch) - len(applied)
             noted: list = []
             if skipped:
                 # the job was rescued or cancelled while the task ran on: keep what it did on that try's
                 # attempts row (meta.late), so a run that happened leaves a trace
-                done = {r[0] for r in applied}
+                done = set(applied)
                 late = [o for o in batch if o.job_id not in done]
                 noted = await store.records(conn, self.store.note_late_outcomes(outcome_rows(late), self.name))
         for o in batch:
@@ -81,4 +89,4 @@ class Completer:
             log.warning("completer: %d outcomes arrived after their job was rescued or cancelled (jobs %s); "
                         "kept on their attempts rows as meta.late", len(noted),
                         ", ".join(str(r[0]) for r in noted[:10]))
-        return [r[0] for r in applied]
+        return applied

@@ -59,6 +59,8 @@ async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outc
                 check_json_text("the task's return value", result)
             except JoblaneError as exc:
                 raise PermanentError(str(exc)) from None
+        if task.lean:  # nothing of a lean task's success is kept: no result, no meta to build
+            return Outcome.done(job.id, job.attempt, started_at=started, finished_at=now(), lean=True)
         return Outcome.done(job.id, job.attempt, result=result, started_at=started, finished_at=now(),
                             meta=_meta(job))
     except asyncio.CancelledError:

@@ -45,6 +45,17 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("joblane.worker")
 
 
+async def keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset: nothing beyond asyncpg's own rollback of an open transaction.
+
+    The worker's pooled connections keep no session state (no LISTEN: the
+    notifier has its own connection; advisory locks are transaction-scoped;
+    no SET), so asyncpg's default reset (RESET ALL, UNLISTEN *, CLOSE ALL,
+    pg_advisory_unlock_all) would be one more round trip per claim and per
+    flush for nothing.
+    """
+
+
 class Worker:
     """Runs the app's tasks from one or more queues.
 
@@ -61,6 +72,7 @@ class Worker:
         concurrency: int = 10,
         claim_batch: int | None = None,
         prefetch: int | None = None,
+        claimers: int | None = None,
         poll_interval: float = 1.0,
         lease_seconds: float | None = None,
         heartbeat_seconds: float | None = None,
@@ -110,6 +122,8 @@ class Worker:
         self.prefetch = concurrency if prefetch is None else prefetch
         if self.prefetch < 0:
             raise JoblaneError("prefetch must be >= 0")
+        if claimers is not None and not 1 <= claimers <= 16:
+            raise JoblaneError("claimers must be between 1 and 16")
         self.capacity = concurrency + self.prefetch
         # a claim fills every free place, prefetch included: one round trip per
         # (concurrency + prefetch) jobs rather than per concurrency
@@ -150,7 +164,8 @@ class Worker:
         self.producer = Producer(self.store, self.limiter, self.completer, self._active, self._start,
                                  queues=self.queues, name=self.name, lease_seconds=self.lease_seconds,
                                  concurrency=concurrency, capacity=self.capacity, claim_batch=self.claim_batch,
-                                 poll_interval=poll_interval, debounce=app.notify_debounce, wake=wake)
+                                 poll_interval=poll_interval, debounce=app.notify_debounce, wake=wake,
+                                 claimers=claimers)
 
     # -- public control ---------------------------------------------------
 
@@ -171,9 +186,12 @@ class Worker:
         while True:
             try:
                 options: dict = {"statement_cache_size": 0} if self.pgbouncer else {}
-                pool = await asyncpg.create_pool(self.app.dsn, min_size=3, max_size=6,
+                # Each claim loop and each completer flush holds a connection while
+                # its statement runs; the services share the rest.
+                pool = await asyncpg.create_pool(self.app.dsn, min_size=3,
+                                                 max_size=4 + self.producer.claimers,
                                                  server_settings={"application_name": self.application_name},
-                                                 **options)
+                                                 reset=keep_session, **options)
                 async with pool.acquire() as conn:
                     await check_async(conn, self.app.schema)
                 return pool

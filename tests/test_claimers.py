@@ -1,0 +1,60 @@
+"""Several claims in flight per worker, and lean tasks: real worker processes, exactly once, nothing stuck."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from joblane import JobSpec
+
+from .conftest import count, table, wait_until
+from .helpers import create_runs_table
+
+APP = "tests.apps.runs:app"
+
+
+def unfinished(conn, app) -> int:
+    return count(conn, app, "state IN ('pending', 'running')")
+
+
+def test_three_claims_in_flight_run_waves_of_jobs_exactly_once(app, conn, spawn_worker):
+    """Claims of 5 into 40 places with 3 claim loops per worker: waves with idle gaps between them
+    make claims come back short, full and empty in turn; every job runs once and none is left."""
+    create_runs_table(conn, app.schema)
+    workers = [spawn_worker(APP, app.schema, "--concurrency", "20", "--claim-batch", "5", "--claimers", "3",
+                            "--poll-interval", "0.5") for _ in range(2)]
+    ids: list[int] = []
+    for wave in range(6):
+        ids += app.enqueue_many(conn, [JobSpec("record", {"wave": wave, "i": i}) for i in range(250)])
+        time.sleep(0.4 if wave % 2 else 0.05)
+    wait_until(lambda: unfinished(conn, app) == 0, timeout=90, message="all jobs finished")
+    runs = conn.execute(f"SELECT job_id, count(*) FROM {table(app, 'runs')} GROUP BY job_id").fetchall()
+    assert sorted(r[0] for r in runs) == sorted(ids), "every job ran"
+    assert max(r[1] for r in runs) == 1, "no job ran twice"
+    assert count(conn, app, "state = 'done'") == len(ids)
+    # a worker that has gone idle still takes a late job (the first claim loop polls and listens)
+    late = app.enqueue(conn, "record", {"late": True})
+    wait_until(lambda: count(conn, app, f"id = {late} AND state = 'done'") == 1, timeout=10, message="late job done")
+    for w in workers:
+        w.signal(signal.SIGTERM)
+        assert w.wait(30) == 0, w.output()
+
+
+def test_lean_task_leaves_no_row_for_a_success_and_keeps_failures(app, conn, spawn_worker):
+    create_runs_table(conn, app.schema)
+    ok = app.enqueue_many(conn, [JobSpec("record_lean", {"i": i}) for i in range(300)])
+    retried = app.enqueue(conn, "record_lean", {"fail_first": True}, max_attempts=3)
+    failed = app.enqueue(conn, "record_lean", {"fail": True}, max_attempts=1)
+    worker = spawn_worker(APP, app.schema, "--concurrency", "20")
+    wait_until(lambda: unfinished(conn, app) == 0 and count(conn, app, f"id = {retried}") == 0, timeout=60,
+               message="lean jobs finished")
+    runs = dict(conn.execute(f"SELECT job_id, count(*) FROM {table(app, 'runs')} GROUP BY job_id").fetchall())
+    assert all(runs.get(i) == 1 for i in ok), "every lean job ran once"
+    assert runs[retried] == 2
+    # successes are gone, with the attempts row of the retried job's failed first try
+    assert count(conn, app, f"id = ANY(ARRAY{ok + [retried]})") == 0
+    attempts = conn.execute(f"SELECT job_id, outcome FROM {table(app, 'attempts')} ORDER BY id").fetchall()
+    assert attempts == [(failed, "failed")], "only the failure keeps its attempts row"
+    assert conn.execute(f"SELECT state FROM {table(app, 'jobs')} WHERE id = %s", (failed,)).fetchone() == ("failed",)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
