@@ -11,7 +11,6 @@ database must agree with it and hold the structural invariants.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -157,7 +156,7 @@ class JobStateMachine(RuleBasedStateMachine):
             outcome = self.loop.run_until_complete(execute(self.app.tasks[behaviour], job, None))
         writer = m.owner if m.owner else "w1"
         if stale == "attempt":
-            outcome = dataclasses.replace(outcome, attempt=outcome.attempt - 1)  # an outcome of an older try
+            outcome = outcome._replace(attempt=outcome.attempt - 1)  # an outcome of an older try
         elif stale == "worker":
             writer = "someone-else"
         applied = [r[0] for r in self.sql("complete_jobs", [outcome_rows([outcome]), writer])]
