@@ -403,6 +403,9 @@ class Store:
     def retry_outbox(self, ids, topic_prefix, all_failed, extra_attempts) -> Statement:
         return self._s("retry_outbox", ids, topic_prefix, all_failed, extra_attempts)
 
+    def discard_outbox(self, ids) -> Statement:
+        return self._s("discard_outbox", ids)
+
     def prune_outbox(self, retention_seconds, limit) -> Statement:
         return self._s("prune_outbox", retention_seconds, limit)
 
@@ -426,8 +429,6 @@ class Store:
     def dashboard_workers(self, ids_per_worker) -> Statement:
         return self._s("dashboard_workers", ids_per_worker)
 
-    def dashboard_list_jobs(self, state, kind, queue, created_from, created_before, before_id, limit) -> Statement:
-        return self._s("dashboard_list_jobs", state, kind, queue, created_from, created_before, before_id, limit)
 
     def dashboard_job_steps(self, job_id) -> Statement:
         return self._s("dashboard_job_steps", job_id)
@@ -446,6 +447,18 @@ class Store:
 
     def dashboard_paused_queues(self) -> Statement:
         return self._s("dashboard_paused_queues")
+
+    def dashboard_outbox_retrying(self, topic, limit) -> Statement:
+        return self._s("dashboard_outbox_retrying", topic, limit)
+
+    def dashboard_failed_recent(self, seconds) -> Statement:
+        return self._s("dashboard_failed_recent", seconds)
+
+    def dashboard_search_jobs(self, states, kind, queue, since, until, payload, error, before_id, limit) -> Statement:
+        return self._s("dashboard_search_jobs", states, kind, queue, since, until, payload, error, before_id, limit)
+
+    def dashboard_search_ids(self, states, kind, queue, since, until, payload, error, limit) -> Statement:
+        return self._s("dashboard_search_ids", states, kind, queue, since, until, payload, error, limit)
 
 
 @functools.lru_cache(maxsize=None)

@@ -115,11 +115,14 @@ class Data:
             by_name[p["name"]] = {"worker": p["name"], "role": p["role"], "host": p["host"], "pid": p["pid"],
                                   "version": p["version"], "queues": p["queues"], "concurrency": p["concurrency"],
                                   "jobs": 0, "running": [], "first_lease_left": None, "last_lease_left": None,
-                                  "expired": False, "registered": True,
+                                  "expired": False, "registered": True, "reported_running": p["running"],
+                                  "started_at": p["started_at"], "last_seen": p["last_seen"],
                                   "seen_ago": (now - p["last_seen"]).total_seconds()}
         for w, n, queues, first, last, ids, kinds in self._rows(self.app.store.dashboard_workers(job_sample)):
             row = by_name.setdefault(w, {"worker": w, "role": "worker", "queues": queues, "registered": False,
-                                         "concurrency": None, "seen_ago": None})
+                                         "concurrency": None, "seen_ago": None, "host": None, "pid": None,
+                                         "version": None, "reported_running": None, "started_at": None,
+                                         "last_seen": None})
             row.update({"jobs": n, "first_lease_left": first, "last_lease_left": last,
                         "running": list(zip(ids, kinds)), "expired": first is not None and first < 0})
         return list(by_name.values())
@@ -133,17 +136,39 @@ class Data:
         return [{"queue": q, "seconds_left": left, "reason": reason}
                 for q, left, reason in self._rows(self.app.store.dashboard_paused_queues())]
 
+    def queues(self, failed_window: float = 3600.0) -> list[dict[str, Any]]:
+        """Every queue with jobs, limits or a pause: depth, oldest ready, running, failed lately, limits, pause."""
+        counts = self.queue_counts()
+        rows: dict[str, dict[str, Any]] = {q["queue"]: dict(q) for q in counts["queues"]}
+        blank = {**{s: 0 for s in JOB_STATES}, "oldest_ready": None}
+        for queue, n in self._rows(self.app.store.dashboard_failed_recent(float(failed_window))):
+            rows.setdefault(queue, {"queue": queue, **blank})["failed_recent"] = n
+        with self.connection() as conn:
+            limits = admin.limits(self.app, conn)
+        for lim in limits:
+            rows.setdefault(lim["queue"], {"queue": lim["queue"], **blank})["limit"] = lim
+        for r in rows.values():
+            r.setdefault("failed_recent", 0)
+            r.setdefault("limit", None)
+        return [rows[q] for q in sorted(rows)]
+
     def attempt_outcomes(self, seconds: float) -> dict[str, int]:
         return dict(self._rows(self.app.store.dashboard_attempt_outcomes(float(seconds))))
 
     # -- jobs ---------------------------------------------------------------
 
-    def list_jobs(self, *, state=None, kind=None, queue=None, since=None, until=None, before_id=None,
-                  limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
+    def search_jobs(self, search: dict[str, Any], *, before_id: int | None = None,
+                    limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
+        """Jobs newest first matching a search (see ``search_args``)."""
         keys = ("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "run_after", "last_error",
                 "created_at", "finished_at", "worker", "replay_of", "payload_preview")
-        rows = self._rows(self.app.store.dashboard_list_jobs(state, kind, queue, since, until, before_id, limit))
+        rows = self._rows(self.app.store.dashboard_search_jobs(*search_args(search), before_id, limit))
         return [dict(zip(keys, r)) for r in rows]
+
+    def search_ids(self, search: dict[str, Any], limit: int) -> tuple[int, list[int]]:
+        """How many jobs match a search in all, and the ids of the first ``limit`` of them (oldest first)."""
+        total, ids = self._rows(self.app.store.dashboard_search_ids(*search_args(search), limit))[0]
+        return total, list(ids)
 
     def job(self, job_id: int) -> dict[str, Any] | None:
         with self.connection() as conn:
@@ -174,16 +199,34 @@ class Data:
     # -- outbox -------------------------------------------------------------
 
     def outbox_topics(self, sent_window: float = 3600.0) -> list[dict[str, Any]]:
+        """Per topic: pending, retrying (pending after a failed try), failed, sent lately, oldest unsent age."""
         topics: dict[str, dict[str, Any]] = {}
-        for topic, state, n, lag in self._rows(self.app.store.dashboard_outbox_topics(sent_window)):
-            t = topics.setdefault(topic, {"topic": topic, "pending": 0, "failed": 0, "sent": 0, "lag": None})
+        for topic, state, n, oldest in self._rows(self.app.store.dashboard_outbox_topics(sent_window)):
+            t = topics.setdefault(topic, {"topic": topic, "pending": 0, "retrying": 0, "failed": 0, "sent": 0,
+                                          "lag": None})
             t[state] = n
-            if lag is not None:
-                t["lag"] = max(0.0, float(lag))
+            if oldest is not None:
+                t["lag"] = max(t["lag"] or 0.0, float(oldest), 0.0)
         return [topics[t] for t in sorted(topics)]
+
+    def outbox_retrying(self, *, topic: str | None = None, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
+        keys = ("id", "topic", "key", "attempts", "max_attempts", "run_after", "last_error", "created_at")
+        return [dict(zip(keys, r)) for r in self._rows(self.app.store.dashboard_outbox_retrying(topic, limit))]
+
+    def outbox_message(self, message_id: int) -> dict[str, Any] | None:
+        with self.connection() as conn:
+            return admin.outbox_message(self.app, message_id, conn)
 
     def outbox_failed(self, *, before_id: int | None = None, topic: str | None = None,
                       limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
         keys = ("id", "topic", "key", "idempotency_key", "attempts", "last_error", "created_at", "payload_preview")
         rows = self._rows(self.app.store.dashboard_outbox_failed(before_id, topic, limit))
         return [dict(zip(keys, r)) for r in rows]
+
+
+def search_args(search: dict[str, Any]) -> tuple:
+    """The filter parameters of the search queries: states, kind, queue, since, until, payload JSON, error text."""
+    payload = search.get("payload")
+    return (search.get("states") or None, search.get("kind") or None, search.get("queue") or None,
+            search.get("since"), search.get("until"),
+            json.dumps(payload) if payload else None, search.get("error") or None)

@@ -1,0 +1,215 @@
+"""The operator's pages: workers, queues you can steer, jobs search with actions on every match, the outbox."""
+
+from __future__ import annotations
+
+import re
+
+from starlette.testclient import TestClient
+
+from joblane.web import create_app
+
+from ..conftest import table
+from ..helpers import run_sql
+from .conftest import LOCAL, csrf_of
+from .test_routes import XSS, add_job, job_state
+
+
+def register(conn, app, name, role="worker", queues=("leads",), concurrency=4, lease=30.0):
+    host, pid, _ = name.split(":")
+    stmt = app.store.register_process(name, role, host, int(pid), "9.9.9", list(queues), ["classify"], concurrency,
+                                      lease)
+    run_sql(conn, stmt.sql, stmt.args)
+
+
+def flash(client) -> str:
+    m = re.search(r'<p class="flash (ok|error)" role="status">(.*?)</p>', client.get("/").text, re.S)
+    return f"{m.group(1)}: {m.group(2)}" if m else ""
+
+
+def test_workers_page_lists_live_workers_and_relays_and_drops_dead_ones(app, conn, client):
+    register(conn, app, "box-1:101:aa", queues=("leads", "mail"), concurrency=8)
+    register(conn, app, "box-2:202:bb", role="relay", queues=(), concurrency=None)
+    register(conn, app, "gone:303:cc")
+    conn.execute(f"UPDATE {table(app, 'processes')} SET lease_until = now() - interval '1 second'"
+                 " WHERE name = 'gone:303:cc'")
+    add_job(conn, app, state="running", worker="box-1:101:aa")
+    html = client.get("/workers").text
+    rows = dict(re.findall(r'<tr data-process="([^"]+)" data-role="(\w+)"', html))
+    assert rows == {"box-1:101:aa": "worker", "box-2:202:bb": "relay"}  # the expired registration is gone
+    box1 = re.search(r'data-process="box-1:101:aa".*?</tr>', html, re.S).group(0)
+    cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", box1, re.S)]
+    assert cells[:7] == ["box-1:101:aa", "worker", "box-1", "101", "9.9.9", "leads, mail", "1/8"]
+    assert re.search(r"\d+s ago", cells[8])
+    assert 'href="/workers"' in html
+
+
+def test_queues_page_shows_depth_age_running_and_recent_failures(app, conn, client):
+    for _ in range(3):
+        add_job(conn, app, queue="leads")
+    add_job(conn, app, queue="leads", state="running")
+    add_job(conn, app, queue="leads", state="failed", finished_ago=120)
+    add_job(conn, app, queue="leads", state="failed", finished_ago=7200)  # failed, but not in the last hour
+    add_job(conn, app, queue="mail", state="held")
+    html = client.get("/queues").text
+    leads = re.search(r'<tr data-queue="leads".*?</tr>', html, re.S).group(0)
+    nums = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r'<td class="num[^"]*">(.*?)</td>', leads, re.S)]
+    assert nums[0] == "3" and re.fullmatch(r"\d+s|0s|-", nums[1]) and nums[2:] == ["1", "0", "1"]
+    assert 'data-queue="mail"' in html
+
+
+def test_pause_resume_and_limits_from_the_dashboard(app, conn, client):
+    add_job(conn, app, queue="models")
+    token = csrf_of(client, "/queues")
+    assert client.post("/queues/pause", data={"queue": "models", "for": "10m"}).status_code == 403  # no CSRF
+    r = client.post("/queues/pause", data={"queue": "models", "for": "10m", "reason": "provider down",
+                                            "csrf": token})
+    assert r.status_code == 303 and flash(client) == "ok: paused models for 10m 0s"
+    row = conn.execute(f"SELECT reason, until > now() + interval '9 minutes' FROM {table(app, 'queue_pauses')}"
+                       " WHERE queue = 'models'").fetchone()
+    assert row == ("provider down", True)
+    html = client.get("/queues").text
+    assert re.search(r'<tr data-queue="models" class="paused">.*?paused</span> until .*?provider down', html, re.S)
+    client.post("/queues/pause", data={"queue": "models", "for": "soon", "csrf": token})
+    assert "use 90s, 5m, 1h or 2d" in flash(client)
+
+    client.post("/queues/resume", data={"queue": "models", "csrf": token})
+    assert flash(client) == "ok: resumed models"
+    assert conn.execute(f"SELECT count(*) FROM {table(app, 'queue_pauses')} WHERE until > now()").fetchone()[0] == 0
+
+    r = client.post("/queues/limits", data={"queue": "models", "rate": "20/s", "concurrency": "3", "cost": "90000/min",
+                                             "estimate": "tokens", "csrf": token})
+    assert r.status_code == 303 and "20 starts/1s, 3 running, 90000 cost/1m" in flash(client)
+    limit = conn.execute(f"SELECT max_starts, starts_interval, concurrency, max_cost, cost_interval, cost_path"
+                         f" FROM {table(app, 'queue_limits')} WHERE queue = 'models'").fetchone()
+    assert limit == (20, 1.0, 3, 90000.0, 60.0, ["tokens"])
+    assert "3 running" in client.get("/queues").text
+    client.post("/queues/limits", data={"queue": "models", "concurrency": "lots", "csrf": token})
+    assert "concurrency must be a whole number" in flash(client)
+    client.post("/queues/unlimit", data={"queue": "models", "csrf": token})
+    assert flash(client) == "ok: removed the limits of models"
+    assert conn.execute(f"SELECT count(*) FROM {table(app, 'queue_limits')}").fetchone()[0] == 0
+
+
+def test_jobs_search_by_payload_error_and_kind(app, conn, client):
+    acme = add_job(conn, app, state="failed", payload={"tenant": "acme", "usage": {"model": "small-1"}, "n": 3},
+                   error="TimeoutError: model API slow")
+    other = add_job(conn, app, state="failed", payload={"tenant": "globex", "n": 3}, error="ValueError: bad JSON")
+    add_job(conn, app, state="done", kind="mail", payload={"tenant": "acme"})
+
+    def found(query: str) -> set[int]:
+        return {int(i) for i in re.findall(r'<tr data-job="(\d+)"', client.get("/jobs?" + query).text)}
+
+    assert found("payload=tenant%3Dacme&kind=classify") == {acme}
+    assert found("payload=usage.model%3Dsmall-1") == {acme}
+    assert found("payload=n%3D3") == {acme, other}  # 3 is a JSON number
+    assert found("payload=" + "%7B%22tenant%22%3A+%22globex%22%7D") == {other}  # {"tenant": "globex"}
+    assert found("error=timeouterror") == {acme}  # any case
+    assert found("error=bad+json&state=failed") == {other}
+    bad = client.get("/jobs?payload=tenant")
+    assert bad.status_code == 200 and "payload: use key=value" in bad.text
+    assert "not valid JSON" in client.get("/jobs?payload=%7Bnope").text
+
+
+def test_bulk_actions_show_the_count_then_act_on_every_match(app, conn, client):
+    failed = [add_job(conn, app, state="failed", kind="extract", payload={"batch": 7}, error="429 rate limited")
+              for _ in range(60)]  # more than one page
+    other = add_job(conn, app, state="failed", kind="extract", payload={"batch": 8}, error="429 rate limited")
+    page = client.get("/jobs/bulk?action=retry&kind=extract&payload=batch%3D7")
+    assert 'data-count="60"' in page.text and "Retry 60 jobs" in page.text
+    token = csrf_of(client, "/jobs")
+    r = client.post("/jobs/bulk", data={"action": "retry", "kind": "extract", "payload": "batch=7", "csrf": token})
+    assert r.status_code == 303 and r.headers["location"].startswith("/jobs?")
+    assert flash(client) == "ok: retried 60 of 60 matching jobs"
+    assert {job_state(conn, app, i) for i in failed} == {"pending"} and job_state(conn, app, other) == "failed"
+
+    held = [add_job(conn, app, state="held", queue="review", payload={"tenant": "t1"}) for _ in range(3)]
+    kept = add_job(conn, app, state="held", queue="review", payload={"tenant": "t2"})
+    assert 'data-count="3"' in client.get("/jobs/bulk?action=release&queue=review&payload=tenant%3Dt1").text
+    client.post("/jobs/bulk", data={"action": "reject", "queue": "review", "payload": "tenant=t1",
+                                    "reason": "wrong tenant", "csrf": token})
+    assert flash(client) == "ok: rejected 3 of 3 matching jobs"
+    assert {job_state(conn, app, i) for i in held} == {"cancelled"} and job_state(conn, app, kept) == "held"
+    client.post("/jobs/bulk", data={"action": "release", "queue": "review", "csrf": token})
+    assert job_state(conn, app, kept) == "pending"
+
+    client.post("/jobs/bulk", data={"action": "cancel", "kind": "extract", "error": "429", "csrf": token})
+    assert flash(client) == "ok: cancelled 60 of 60 matching jobs"  # the 60 retried (pending) ones
+    client.post("/jobs/bulk", data={"action": "replay", "queue": "review", "payload": "tenant=t1", "csrf": token})
+    assert flash(client) == "ok: replayed 3 of 3 matching jobs as new jobs"
+    copies = conn.execute(f"SELECT count(*) FROM {table(app, 'jobs')} WHERE replay_of = ANY(%s)", (held,)).fetchone()
+    assert copies == (3,)
+
+    # an action on everything needs a search, and a state the action does not take is refused
+    client.post("/jobs/bulk", data={"action": "cancel", "csrf": token})
+    assert "needs a search" in flash(client)
+    assert client.get("/jobs/bulk?action=retry&state=pending").status_code == 400
+    assert client.post("/jobs/bulk", data={"action": "retry", "kind": "extract"}).status_code == 403  # no CSRF
+
+
+def test_outbox_shows_retrying_messages_a_page_per_message_and_discards(app, conn, client):
+    box = table(app, "outbox")
+    retrying = conn.execute(
+        f"INSERT INTO {box} (topic, key, state, attempts, max_attempts, last_error, created_at)"
+        " VALUES ('crm.lead', 'lead-9', 'pending', 4, 10, %s, now() - interval '2 minutes') RETURNING id",
+        (f"HTTP 503 {XSS}",)).fetchone()[0]
+    failed = conn.execute(f"INSERT INTO {box} (topic, state, attempts, last_error, payload)"
+                          " VALUES ('crm.lead', 'failed', 10, 'HTTP 500', '{\"lead\": 9}') RETURNING id").fetchone()[0]
+    html = client.get("/outbox").text
+    row = re.search(r'<tr data-topic="crm.lead">(.*?)</tr>', html, re.S).group(1)
+    assert re.findall(r">([^<>]+)</td>", row) == ["1", "1", "1", "0", "2m 0s"]  # the stuck topic shows its retries
+    retry_row = re.search(rf'<tr data-message="{retrying}">.*?</tr>', html, re.S).group(0)
+    assert "4/10" in retry_row and "HTTP 503 &lt;script&gt;" in retry_row and "<script>alert" not in html
+
+    page = client.get(f"/outbox/{failed}").text
+    assert 'id="message-state">failed<' in page and "&#34;lead&#34;: 9" in page and ">10 of" not in page
+    assert 'formaction="/outbox/retry"' in page
+    assert client.get("/outbox/999999").status_code == 404
+
+    token = csrf_of(client, "/outbox")
+    r = client.post("/outbox/discard", data={"one": retrying, "next": f"/outbox/{retrying}", "csrf": token})
+    assert r.status_code == 303 and r.headers["location"] == "/outbox"
+    assert f"discarded 1 message: #{retrying}" in flash(client)
+    assert conn.execute(f"SELECT count(*) FROM {box} WHERE id = %s", (retrying,)).fetchone()[0] == 0
+    client.post("/outbox/retry", data={"one": failed, "next": f"/outbox/{failed}", "csrf": token})
+    assert conn.execute(f"SELECT state FROM {box} WHERE id = %s", (failed,)).fetchone()[0] == "pending"
+    sent = conn.execute(f"INSERT INTO {box} (topic, state, sent_at) VALUES ('t', 'sent', now()) RETURNING id").fetchone()[0]
+    client.post("/outbox/discard", data={"one": sent, "csrf": token})
+    assert "skipped" in flash(client)  # a sent message is history, not discarded
+
+
+def test_read_only_refuses_every_new_action(app, conn):
+    failed = add_job(conn, app, state="failed", error="boom")
+    held = add_job(conn, app, state="held", queue="review")
+    box = table(app, "outbox")
+    message = conn.execute(f"INSERT INTO {box} (topic, state) VALUES ('t', 'failed') RETURNING id").fetchone()[0]
+    with TestClient(create_app(app, read_only=True, refresh_seconds=0), base_url=LOCAL) as c:
+        for path in ("/queues", "/workers", "/jobs?state=failed", f"/outbox/{message}", "/outbox",
+                     "/jobs/bulk?action=retry&state=failed"):
+            html = c.get(path).text
+            assert 'method="post"' not in html.replace('action="/logout"', ""), path
+        token = "read-only refuses before the CSRF check"
+        for path, data in (("/queues/pause", {"queue": "review", "for": "1m"}), ("/queues/resume", {"queue": "review"}),
+                           ("/queues/limits", {"queue": "review", "concurrency": "2"}),
+                           ("/queues/unlimit", {"queue": "review"}),
+                           ("/jobs/bulk", {"action": "retry", "state": "failed"}),
+                           ("/jobs/bulk", {"action": "release", "queue": "review"}),
+                           ("/outbox/discard", {"one": message})):
+            r = c.post(path, data={**data, "csrf": token})
+            assert r.status_code == 403 and "read-only" in r.text, path
+    assert (job_state(conn, app, failed), job_state(conn, app, held)) == ("failed", "held")
+    assert conn.execute(f"SELECT count(*) FROM {table(app, 'queue_pauses')}").fetchone()[0] == 0
+    assert conn.execute(f"SELECT count(*) FROM {box}").fetchone()[0] == 1
+
+
+def test_a_token_guards_the_new_pages_and_actions(app, conn):
+    secret = "s3cret-token-for-tests-0123456789"
+    with TestClient(create_app(app, token=secret, loopback_only=False, refresh_seconds=0), base_url=LOCAL,
+                    follow_redirects=False) as c:
+        for path in ("/queues", "/workers", "/outbox/1", "/jobs/bulk?action=retry&state=failed"):
+            assert c.get(path).status_code == 303, path  # to the sign-in page
+        for path in ("/queues/pause", "/jobs/bulk", "/outbox/discard"):
+            assert c.post(path, data={"queue": "q", "for": "1m"}).status_code == 401, path
+        signed = {"Authorization": f"Bearer {secret}"}
+        assert c.get("/queues", headers=signed).status_code == 200
+        # a bearer token alone does not make a POST: the CSRF token is still required
+        assert c.post("/queues/pause", data={"queue": "q", "for": "1m"}, headers=signed).status_code == 403
