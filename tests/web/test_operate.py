@@ -78,7 +78,7 @@ def test_pause_resume_and_limits_from_the_dashboard(app, conn, client):
 
     r = client.post("/queues/limits", data={"queue": "models", "rate": "20/s", "concurrency": "3", "cost": "90000/min",
                                              "estimate": "tokens", "csrf": token})
-    assert r.status_code == 303 and "20 starts/1s, 3 running, 90000 cost/1m" in flash(client)
+    assert r.status_code == 303 and "models: 20 starts/s, 3 running, 90000 cost/min (estimate tokens" in flash(client)
     limit = conn.execute(f"SELECT max_starts, starts_interval, concurrency, max_cost, cost_interval, cost_path"
                          f" FROM {table(app, 'queue_limits')} WHERE queue = 'models'").fetchone()
     assert limit == (20, 1.0, 3, 90000.0, 60.0, ["tokens"])
