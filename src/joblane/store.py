@@ -448,6 +448,26 @@ class Store:
     def dashboard_paused_queues(self) -> Statement:
         return self._s("dashboard_paused_queues")
 
+    # -- history.sql: hourly roll-ups of the attempts --------------------------
+
+    def history_hours_todo(self, settle_seconds, hours, limit) -> Statement:
+        return self._s("history_hours_todo", settle_seconds, hours, limit)
+
+    def history_rollup(self, hour) -> Statement:
+        return self._s("history_rollup", hour)
+
+    def history_prune(self, keep_seconds) -> Statement:
+        return self._s("history_prune", keep_seconds)
+
+    def history_rolled_hours(self, since) -> Statement:
+        return self._s("history_rolled_hours", since)
+
+    def history_counts(self, since, rolled_hours, live_from) -> Statement:
+        return self._s("history_counts", since, rolled_hours, live_from)
+
+    def history_latency_buckets(self, since, rolled_hours, live_from) -> Statement:
+        return self._s("history_latency_buckets", since, rolled_hours, live_from)
+
     def dashboard_outbox_retrying(self, topic, limit) -> Statement:
         return self._s("dashboard_outbox_retrying", topic, limit)
 

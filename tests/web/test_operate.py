@@ -213,3 +213,71 @@ def test_a_token_guards_the_new_pages_and_actions(app, conn):
         assert c.get("/queues", headers=signed).status_code == 200
         # a bearer token alone does not make a POST: the CSRF token is still required
         assert c.post("/queues/pause", data={"queue": "q", "for": "1m"}, headers=signed).status_code == 403
+
+
+def add_attempts(conn, app, *, queue, kind, outcome, n, hours_ago, start_ms=500, finish_ms=2000, attempt=1):
+    """``n`` jobs of one try each, finished ``hours_ago``, enqueued ``start_ms`` before the try started."""
+    jobs, attempts = table(app, "jobs"), table(app, "attempts")
+    conn.execute(
+        f"WITH j AS (INSERT INTO {jobs} (queue, kind, state, attempts, created_at, finished_at)"
+        f"           SELECT %s, %s, 'done', 1, now() - make_interval(secs => %s * 3600.0) - make_interval(secs => %s / 1000.0),"
+        f"                  now() - make_interval(secs => %s * 3600.0)"
+        f"             FROM generate_series(1, %s) RETURNING id, created_at)"
+        f" INSERT INTO {attempts} (job_id, attempt, outcome, started_at, finished_at)"
+        f" SELECT id, %s, %s, created_at + make_interval(secs => %s / 1000.0), created_at + make_interval(secs => %s / 1000.0)"
+        f"   FROM j",
+        (queue, kind, hours_ago, finish_ms, hours_ago, n, attempt, outcome, start_ms, finish_ms))
+
+
+def history_rows(client, window):
+    html = client.get(f"/history?window={window}").text
+    rows = {}
+    for q, k, body in re.findall(r'<tr data-queue="([^"]+)" data-kind="([^"]+)">(.*?)</tr>', html, re.S):
+        cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r'<td class="num[^"]*">(.*?)</td>', body, re.S)]
+        rows[(q, k)] = cells[:5]  # done, failed, retries, other, attempts
+    return rows, html
+
+
+async def roll_up(app):
+    import asyncpg
+
+    from joblane.maintenance import History
+
+    service = History(app.store, settle=0)
+    conn = await asyncpg.connect(app.dsn)
+    try:
+        while True:
+            await service.run_once(conn)
+            if not service.behind:
+                return service.total
+    finally:
+        await conn.close()
+
+
+async def test_history_counts_outcomes_and_latency_per_window_rolled_up_or_not(app, conn, client):
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=5, hours_ago=0.25)
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="failed", n=1, hours_ago=0.25)
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="retry", n=2, hours_ago=3)
+    add_attempts(conn, app, queue="leads", kind="classify", outcome="done", n=4, hours_ago=50, start_ms=30_000)
+    add_attempts(conn, app, queue="mail", kind="send", outcome="done", n=3, hours_ago=200)  # older than a week
+
+    def check():
+        rows, _ = history_rows(client, "1h")
+        assert rows == {("leads", "enrich"): ["5", "1", "0", "0", "6"]}
+        rows, _ = history_rows(client, "24h")
+        assert rows == {("leads", "enrich"): ["5", "1", "2", "0", "8"]}
+        rows, html = history_rows(client, "7d")
+        assert rows == {("leads", "enrich"): ["5", "1", "2", "0", "8"], ("leads", "classify"): ["4", "0", "0", "0", "4"]}
+        latency = re.search(r'id="latency-table".*?<tr data-queue="leads">(.*?)</tr>', html, re.S).group(1)
+        cells = [c.strip() for c in re.findall(r'<td class="num">(.*?)</td>', latency)]
+        # first tries: 8 started 500 ms after enqueue (bucket up to 512 ms), 4 after 30 s (up to 32.8 s);
+        # 10 finished (done or failed) 2 s after enqueue (up to 2.05 s)
+        assert cells[0] == "12" and cells[1] == "512 ms" and cells[2] == "32.8 s", cells
+        assert cells[3] == "10" and cells[4] == cells[5] == "2.0 s", cells
+
+    check()  # nothing rolled up: every window read from the attempts
+    assert await roll_up(app) >= 7 * 24 - 2  # every closed hour of the week, in rounds
+    assert await roll_up(app) == 0  # each hour once
+    check()  # the same figures from the roll-ups and the current hour's attempts
+    assert "rolled up by the workers' history service" in client.get("/history?window=7d").text
+    assert client.get("/history?window=1y").status_code == 400

@@ -19,6 +19,31 @@ CREATE INDEX attempts_job ON {schema}.attempts USING btree (job_id, attempt);
 CREATE INDEX attempts_model ON {schema}.attempts USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
 CREATE INDEX attempts_outcome ON {schema}.attempts USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
 
+CREATE TABLE {schema}.history_attempts (
+    attempts bigint NOT NULL,
+    hour timestamp with time zone NOT NULL,
+    kind text NOT NULL,
+    outcome text NOT NULL,
+    queue text NOT NULL,
+    CONSTRAINT history_attempts_pkey PRIMARY KEY (hour, queue, kind, outcome)
+);
+
+CREATE TABLE {schema}.history_hours (
+    hour timestamp with time zone NOT NULL,
+    rolled_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT history_hours_pkey PRIMARY KEY (hour)
+);
+
+CREATE TABLE {schema}.history_latency (
+    bucket smallint NOT NULL,
+    hour timestamp with time zone NOT NULL,
+    jobs bigint NOT NULL,
+    measure text NOT NULL,
+    queue text NOT NULL,
+    CONSTRAINT history_latency_measure_check CHECK ((measure = ANY (ARRAY['start'::text, 'finish'::text]))),
+    CONSTRAINT history_latency_pkey PRIMARY KEY (hour, queue, measure, bucket)
+);
+
 CREATE TABLE {schema}.inbox (
     key text NOT NULL,
     received_at timestamp with time zone DEFAULT now() NOT NULL,

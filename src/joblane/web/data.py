@@ -19,6 +19,7 @@ from ..types import JOB_STATES
 EXACT_COUNT_BYTES = 16 * 1024 * 1024
 THROUGHPUT_MINUTES = 60
 PAGE_SIZE = 50
+HISTORY_WINDOWS = {"1h": 1, "24h": 24, "7d": 7 * 24}  # hours
 
 
 class Data:
@@ -196,6 +197,52 @@ class Data:
                         "result": json.loads(result) if result else None})
         return out
 
+    # -- history ------------------------------------------------------------
+
+    def history(self, window: str) -> dict[str, Any]:
+        """Attempts by outcome per queue and kind, and latency percentiles per queue, over ``window``.
+
+        1h is the last 60 minutes, read from the attempts; 24h and 7d are whole
+        UTC hours (the current one and those before it), read from the hourly
+        roll-ups where the worker's history service has made them and from the
+        attempts for the hours it has not (the current one, at least).
+        """
+        hours = HISTORY_WINDOWS[window]
+        now = dt.datetime.now(dt.timezone.utc)
+        rolled: list[dt.datetime] = []
+        if hours == 1:
+            since = live_from = now - dt.timedelta(hours=1)
+        else:
+            this_hour = now.replace(minute=0, second=0, microsecond=0)
+            since = this_hour - dt.timedelta(hours=hours - 1)
+            rolled = [r[0] for r in self._rows(self.app.store.history_rolled_hours(since))]
+            done = set(rolled)
+            live_from = since
+            while live_from in done:
+                live_from += dt.timedelta(hours=1)
+        by_kind: dict[tuple[str, str], dict[str, Any]] = {}
+        for queue, kind, outcome, n in self._rows(self.app.store.history_counts(since, rolled, live_from)):
+            row = by_kind.setdefault((queue, kind), {"queue": queue, "kind": kind, "done": 0, "failed": 0,
+                                                     "retry": 0, "other": 0, "attempts": 0})
+            row[outcome if outcome in ("done", "failed", "retry") else "other"] += n
+            row["attempts"] += n
+        buckets: dict[tuple[str, str], dict[int, int]] = {}
+        for queue, measure, bucket, n in self._rows(self.app.store.history_latency_buckets(since, rolled,
+                                                                                           live_from)):
+            buckets.setdefault((queue, measure), {})[bucket] = n
+        latency = []
+        for queue in sorted({q for q, _ in buckets}):
+            entry: dict[str, Any] = {"queue": queue}
+            for measure in ("start", "finish"):
+                hist = buckets.get((queue, measure), {})
+                entry[measure] = {"jobs": sum(hist.values()), "p50": percentile(hist, 0.50),
+                                  "p95": percentile(hist, 0.95)}
+            latency.append(entry)
+        rows = [by_kind[k] for k in sorted(by_kind)]
+        totals = {k: sum(r[k] for r in rows) for k in ("done", "failed", "retry", "other", "attempts")}
+        return {"window": window, "since": since, "rows": rows, "totals": totals, "latency": latency,
+                "rolled_hours": len(rolled), "live_from": live_from}
+
     # -- outbox -------------------------------------------------------------
 
     def outbox_topics(self, sent_window: float = 3600.0) -> list[dict[str, Any]]:
@@ -230,3 +277,18 @@ def search_args(search: dict[str, Any]) -> tuple:
     return (search.get("states") or None, search.get("kind") or None, search.get("queue") or None,
             search.get("since"), search.get("until"),
             json.dumps(payload) if payload else None, search.get("error") or None)
+
+
+def percentile(hist: dict[int, int], q: float) -> float | None:
+    """The ``q`` quantile, in seconds, of a latency histogram (bucket b: 2^(b/2) to 2^((b+1)/2) ms): the upper
+    edge of the bucket it falls in, so the figure is never below the true one."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    rank = q * total
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= rank:
+            return 2 ** ((bucket + 1) / 2) / 1000.0
+    return 2 ** ((max(hist) + 1) / 2) / 1000.0

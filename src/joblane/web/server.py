@@ -29,7 +29,7 @@ from ..rules import first_line, format_age, hold_reason, parse_when
 from ..types import JOB_STATES
 from . import actions
 from .charts import throughput_chart
-from .data import PAGE_SIZE, Data
+from .data import HISTORY_WINDOWS, PAGE_SIZE, Data
 from .metrics import registry_for, render
 from .security import AUTH_COOKIE, CSRF_COOKIE, CSRF_FIELD, Guard, safe_next
 
@@ -77,6 +77,17 @@ def pretty_json(value: Any) -> str:
 
 def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def seconds(value: float | None) -> str:
+    """A latency: ms under a second, else seconds, minutes, hours."""
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    return age(value)
 
 
 def count(value: int | None) -> str:
@@ -278,7 +289,7 @@ class Dashboard:
             lstrip_blocks=True,
         )
         env.filters.update(age=age, since=since, when=when, pretty_json=pretty_json, count=count, duration=duration,
-                           hold_reason=hold_reason, compact_json=compact_json)
+                           hold_reason=hold_reason, compact_json=compact_json, seconds=seconds)
         self.templates = Jinja2Templates(env=env)
         self.capabilities = dict.fromkeys(actions.ACTIONS, True)
 
@@ -431,6 +442,13 @@ class Dashboard:
     async def queues_page(self, request: Request) -> Response:
         queues = await self.db(self.data.queues)
         return self.render(request, "queues.html", queues=queues)
+
+    async def history_page(self, request: Request) -> Response:
+        window = request.query_params.get("window") or "24h"
+        if window not in HISTORY_WINDOWS:
+            raise HTTPException(400, f"unknown window {window!r}: use one of {', '.join(HISTORY_WINDOWS)}")
+        history = await self.db(self.data.history, window)
+        return self.render(request, "history.html", h=history, windows=list(HISTORY_WINDOWS))
 
     async def outbox_message(self, request: Request) -> Response:
         message_id = request.path_params["message_id"]
@@ -737,6 +755,7 @@ class Dashboard:
             Route("/", self.overview, methods=["GET"]),
             Route("/workers", self.workers_page, methods=["GET"]),
             Route("/queues", self.queues_page, methods=["GET"]),
+            Route("/history", self.history_page, methods=["GET"]),
             Route("/queues/{verb:str}", self.act_queue, methods=["POST"]),
             Route("/jobs", self.jobs, methods=["GET"]),
             Route("/jobs/bulk", self.bulk_page, methods=["GET"]),
