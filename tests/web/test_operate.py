@@ -281,3 +281,17 @@ async def test_history_counts_outcomes_and_latency_per_window_rolled_up_or_not(a
     check()  # the same figures from the roll-ups and the current hour's attempts
     assert "rolled up by the workers' history service" in client.get("/history?window=7d").text
     assert client.get("/history?window=1y").status_code == 400
+
+
+def test_the_overview_is_live_through_a_fragment(app, conn):
+    with TestClient(create_app(app, refresh_seconds=3), base_url=LOCAL) as c:
+        page = c.get("/").text
+        assert '<div id="live" data-refresh="3" data-src="/live/overview">' in page
+        assert '<noscript><meta http-equiv="refresh" content="3"></noscript>' in page  # without the script
+        assert "connect-src 'self'" in c.get("/").headers["content-security-policy"]
+        add_job(conn, app, queue="fresh-q")
+        fragment = c.get("/live/overview")
+        assert fragment.status_code == 200 and "<html" not in fragment.text and "<nav" not in fragment.text
+        assert '<tr>\n        <td><a href="/jobs?queue=fresh-q">fresh-q</a></td>' in fragment.text
+        assert 'id="workers"' in fragment.text or "No worker or relay is running" in fragment.text
+        assert 'data-refresh="0"' in c.get("/?refresh=0").text

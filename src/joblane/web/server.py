@@ -43,7 +43,7 @@ SEARCH_FIELDS = ("state", "kind", "queue", "since", "until", "payload", "error")
 BULK_STATES = {"retry": ("failed", "cancelled"), "cancel": ("pending", "held", "running"), "release": ("held",),
                "reject": ("held",), "replay": ("done", "failed", "cancelled")}
 
-CSP = ("default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' data:; "
+CSP = ("default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 
 
@@ -295,8 +295,10 @@ class Dashboard:
 
     # -- plumbing ---------------------------------------------------------
 
-    def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
-        flash = request.cookies.get(FLASH_COOKIE)
+    def render(self, request: Request, name: str, status: int = 200, *, fragment: bool = False,
+               **context: Any) -> Response:
+        """A page (or, with ``fragment``, a piece of one that leaves the flash message for the page)."""
+        flash = None if fragment else request.cookies.get(FLASH_COOKIE)
         message = None
         if flash:
             kind, _, text = unquote(flash).partition(":")
@@ -349,17 +351,23 @@ class Dashboard:
 
     # -- pages --------------------------------------------------------------
 
-    async def overview(self, request: Request) -> Response:
+    async def overview_data(self) -> dict[str, Any]:
         def load() -> dict[str, Any]:
             return {"counts": self.data.queue_counts(), "minutes": self.data.throughput(),
                     "workers": self.data.workers(), "outbox": self.data.outbox_topics(),
                     "paused": self.data.paused_queues()}
 
         loaded = await self.db(load)
+        return {**loaded, "chart": throughput_chart(loaded["minutes"]), "states": JOB_STATES}
+
+    async def overview(self, request: Request) -> Response:
         refresh = _int_param(request, "refresh")
         refresh_seconds = self.refresh_seconds if refresh is None else max(0, min(3600, refresh))
-        return self.render(request, "overview.html", **loaded, chart=throughput_chart(loaded["minutes"]),
-                           refresh_seconds=refresh_seconds, states=JOB_STATES)
+        return self.render(request, "overview.html", **await self.overview_data(), refresh_seconds=refresh_seconds)
+
+    async def overview_live(self, request: Request) -> Response:
+        """The overview's live block alone: what the page's script swaps in at each refresh."""
+        return self.render(request, "overview_live.html", fragment=True, **await self.overview_data())
 
     async def jobs(self, request: Request) -> Response:
         raw, search, error = self.search_of(request.query_params)
@@ -753,6 +761,7 @@ class Dashboard:
     def routes(self) -> list[Any]:
         return [
             Route("/", self.overview, methods=["GET"]),
+            Route("/live/overview", self.overview_live, methods=["GET"]),
             Route("/workers", self.workers_page, methods=["GET"]),
             Route("/queues", self.queues_page, methods=["GET"]),
             Route("/history", self.history_page, methods=["GET"]),
