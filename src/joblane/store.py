@@ -474,8 +474,13 @@ class Store:
     def dashboard_failed_recent(self, seconds) -> Statement:
         return self._s("dashboard_failed_recent", seconds)
 
-    def dashboard_search_jobs(self, states, kind, queue, since, until, payload, error, before_id, limit) -> Statement:
-        return self._s("dashboard_search_jobs", states, kind, queue, since, until, payload, error, before_id, limit)
+    def dashboard_job_id_range(self) -> Statement:
+        return self._s("dashboard_job_id_range")
+
+    def dashboard_search_jobs(self, states, kind, queue, since, until, payload, error, before_id, limit,
+                              from_id) -> Statement:
+        return self._s("dashboard_search_jobs", states, kind, queue, since, until, payload, error, before_id, limit,
+                       from_id)
 
     def dashboard_search_ids(self, states, kind, queue, since, until, payload, error, limit) -> Statement:
         return self._s("dashboard_search_ids", states, kind, queue, since, until, payload, error, limit)

@@ -295,3 +295,37 @@ def test_the_overview_is_live_through_a_fragment(app, conn):
         assert '<tr>\n        <td><a href="/jobs?queue=fresh-q">fresh-q</a></td>' in fragment.text
         assert 'id="workers"' in fragment.text or "No worker or relay is running" in fragment.text
         assert 'data-refresh="0"' in c.get("/?refresh=0").text
+
+
+def test_metrics_an_operator_alerts_on(app, conn, client):
+    add_job(conn, app, queue="leads")
+    add_job(conn, app, queue="leads")
+    add_job(conn, app, queue="leads", state="failed", finished_ago=60)
+    register(conn, app, "box-1:101:aa")
+    register(conn, app, "box-2:202:bb", role="relay", queues=(), concurrency=None)
+    box = table(app, "outbox")
+    conn.execute(f"INSERT INTO {box} (topic, state, attempts, last_error, created_at)"
+                 " VALUES ('crm', 'pending', 3, 'HTTP 503', now() - interval '10 minutes'), ('crm', 'failed', 9, 'x', now())")
+    text = client.get("/metrics").text
+    assert 'joblane_queue_depth{queue="leads"} 2.0' in text
+    assert re.search(r'joblane_oldest_ready_seconds\{queue="leads"\} \d', text)
+    assert 'joblane_jobs_failed_last_hour{queue="leads"} 1.0' in text
+    assert 'joblane_processes_alive{role="worker"} 1.0' in text and 'joblane_processes_alive{role="relay"} 1.0' in text
+    assert 'joblane_outbox_unsent{topic="crm"} 2.0' in text and 'joblane_outbox_retrying{topic="crm"} 1.0' in text
+    lag = float(re.search(r'joblane_outbox_lag_seconds\{topic="crm"\} ([\d.e+]+)', text).group(1))
+    assert 595 <= lag <= 700  # the oldest unsent row, 10 minutes old
+
+
+def test_the_grafana_dashboard_uses_metrics_that_exist(app, client):
+    import json
+    from pathlib import Path
+
+    board = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    used = set(re.findall(r"\b(joblane_[a-z_]+)", " ".join(exprs)))
+    text = client.get("/metrics").text
+    served = set(re.findall(r"^# HELP (joblane_[a-z_]+)", text, re.M))
+    # served by `joblane worker --metrics-port` and `joblane relay --metrics-port`
+    worker_side = {"joblane_jobs_total", "joblane_job_duration_seconds_bucket", "joblane_outbox_messages_total",
+                   "joblane_jobs_running"}
+    assert used and used <= served | worker_side, used - served - worker_side

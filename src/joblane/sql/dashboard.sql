@@ -179,8 +179,16 @@ SELECT queue, count(*) AS jobs
  WHERE state = 'failed' AND finished_at > now() - make_interval(secs => $1::float8)
  GROUP BY queue;
 
+-- name: dashboard_job_id_range
+-- The lowest and highest job id (both ends of the primary key).
+SELECT min(id), max(id) FROM {schema}.jobs;
+
 -- name: dashboard_search_jobs
--- Jobs newest first matching states $1, kind $2, queue $3, created in [$4, $5), payload containing $6 (jsonb @>), error containing $7 (any case), id below $8, at most $9 (NULL = any).
+-- Jobs newest first matching states $1, kind $2, queue $3, created in [$4, $5), payload containing $6 (jsonb @>), error containing $7 (any case), id below $8 and at least $10, at most $9 (NULL = any).
+--
+-- The dashboard searches in slices of ids ($10 to $8), newest first, so that a
+-- filter no index serves (payload, error text) reads a bounded slice of the
+-- primary key per statement instead of the whole table.
 SELECT id, queue, kind, state, priority, attempts, max_attempts, run_after, last_error,
        created_at, finished_at, worker, replay_of, left(payload::text, 160) AS payload_preview
   FROM {schema}.jobs
@@ -192,6 +200,7 @@ SELECT id, queue, kind, state, priority, attempts, max_attempts, run_after, last
    AND ($6::jsonb IS NULL OR payload @> $6)
    AND ($7::text IS NULL OR strpos(lower(last_error), lower($7)) > 0)
    AND ($8::bigint IS NULL OR id < $8)
+   AND ($10::bigint IS NULL OR id >= $10)
  ORDER BY id DESC
  LIMIT $9;
 

@@ -5,6 +5,11 @@
 -- each bucket is ~41% wider than the one before; a percentile read from them
 -- is within that step of the true value.
 
+-- The attempts read are those of one hour at most (a roll-up, or the hours not
+-- rolled up yet), each looked up in jobs by its primary key: the LATERAL ...
+-- LIMIT 1 keeps that a nested loop over the index, never a hash join that
+-- would read the whole jobs table.
+--
 -- Hours are UTC hours (date_trunc(..., 'UTC')), whatever the session's time zone.
 
 -- name: history_hours_todo
@@ -26,7 +31,7 @@ WITH claim AS (
 ), tries AS (
     SELECT j.queue, j.kind, a.outcome, a.attempt, a.started_at, a.finished_at, j.created_at
       FROM {schema}.attempts AS a
-      JOIN {schema}.jobs AS j ON j.id = a.job_id
+     CROSS JOIN LATERAL (SELECT queue, kind, created_at FROM {schema}.jobs WHERE id = a.job_id LIMIT 1) AS j
      WHERE a.finished_at >= $1::timestamptz AND a.finished_at < $1::timestamptz + interval '1 hour'
        AND EXISTS (SELECT 1 FROM claim)
 ), counted AS (
@@ -77,7 +82,7 @@ SELECT queue, kind, outcome, sum(attempts)::bigint AS attempts
         UNION ALL
         SELECT j.queue, j.kind, a.outcome, count(*)
           FROM {schema}.attempts AS a
-          JOIN {schema}.jobs AS j ON j.id = a.job_id
+         CROSS JOIN LATERAL (SELECT queue, kind, created_at FROM {schema}.jobs WHERE id = a.job_id LIMIT 1) AS j
          WHERE a.finished_at >= greatest($1::timestamptz, $3::timestamptz)
            AND date_trunc('hour', a.finished_at, 'UTC') <> ALL($2::timestamptz[])
          GROUP BY j.queue, j.kind, a.outcome) AS c
@@ -95,7 +100,7 @@ SELECT queue, measure, bucket, sum(jobs)::bigint AS jobs
           FROM (SELECT j.queue, 'start' AS measure,
                        greatest(0, floor(2 * log(2, greatest(1.0, extract(epoch FROM a.started_at - j.created_at)::numeric * 1000))))::smallint AS bucket
                   FROM {schema}.attempts AS a
-                  JOIN {schema}.jobs AS j ON j.id = a.job_id
+                 CROSS JOIN LATERAL (SELECT queue, kind, created_at FROM {schema}.jobs WHERE id = a.job_id LIMIT 1) AS j
                  WHERE a.finished_at >= greatest($1::timestamptz, $3::timestamptz)
                    AND date_trunc('hour', a.finished_at, 'UTC') <> ALL($2::timestamptz[])
                    AND a.attempt = 1 AND a.started_at IS NOT NULL
@@ -103,7 +108,7 @@ SELECT queue, measure, bucket, sum(jobs)::bigint AS jobs
                 SELECT j.queue, 'finish',
                        greatest(0, floor(2 * log(2, greatest(1.0, extract(epoch FROM a.finished_at - j.created_at)::numeric * 1000))))::smallint
                   FROM {schema}.attempts AS a
-                  JOIN {schema}.jobs AS j ON j.id = a.job_id
+                 CROSS JOIN LATERAL (SELECT queue, kind, created_at FROM {schema}.jobs WHERE id = a.job_id LIMIT 1) AS j
                  WHERE a.finished_at >= greatest($1::timestamptz, $3::timestamptz)
                    AND date_trunc('hour', a.finished_at, 'UTC') <> ALL($2::timestamptz[])
                    AND a.outcome IN ('done', 'failed')) AS l

@@ -19,6 +19,10 @@ from ..types import JOB_STATES
 EXACT_COUNT_BYTES = 16 * 1024 * 1024
 THROUGHPUT_MINUTES = 60
 PAGE_SIZE = 50
+# The jobs search reads the primary key newest first in slices of this many ids,
+# at most SEARCH_SLICES slices a page: a search no index serves stays bounded.
+SEARCH_SLICE = 20_000
+SEARCH_SLICES = 10
 HISTORY_WINDOWS = {"1h": 1, "24h": 24, "7d": 7 * 24}  # hours
 
 
@@ -142,7 +146,7 @@ class Data:
         counts = self.queue_counts()
         rows: dict[str, dict[str, Any]] = {q["queue"]: dict(q) for q in counts["queues"]}
         blank = {**{s: 0 for s in JOB_STATES}, "oldest_ready": None}
-        for queue, n in self._rows(self.app.store.dashboard_failed_recent(float(failed_window))):
+        for queue, n in self.failed_recent(failed_window).items():
             rows.setdefault(queue, {"queue": queue, **blank})["failed_recent"] = n
         with self.connection() as conn:
             limits = admin.limits(self.app, conn)
@@ -153,18 +157,35 @@ class Data:
             r.setdefault("limit", None)
         return [rows[q] for q in sorted(rows)]
 
+    def failed_recent(self, seconds: float) -> dict[str, int]:
+        return dict(self._rows(self.app.store.dashboard_failed_recent(float(seconds))))
+
     def attempt_outcomes(self, seconds: float) -> dict[str, int]:
         return dict(self._rows(self.app.store.dashboard_attempt_outcomes(float(seconds))))
 
     # -- jobs ---------------------------------------------------------------
 
     def search_jobs(self, search: dict[str, Any], *, before_id: int | None = None,
-                    limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
-        """Jobs newest first matching a search (see ``search_args``)."""
+                    limit: int = PAGE_SIZE) -> tuple[list[dict[str, Any]], int | None]:
+        """Jobs newest first matching a search (see ``search_args``), read in slices of ids; and, when the
+        slices of one page ran out before ``limit`` rows matched, the id the search stopped at (older ids
+        not searched yet), else None."""
         keys = ("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "run_after", "last_error",
                 "created_at", "finished_at", "worker", "replay_of", "payload_preview")
-        rows = self._rows(self.app.store.dashboard_search_jobs(*search_args(search), before_id, limit))
-        return [dict(zip(keys, r)) for r in rows]
+        args = search_args(search)
+        low, high = self._rows(self.app.store.dashboard_job_id_range())[0]
+        if low is None:
+            return [], None
+        top = min(before_id, high + 1) if before_id is not None else high + 1
+        rows: list[tuple] = []
+        for _ in range(SEARCH_SLICES):
+            if top <= low or len(rows) >= limit:
+                break
+            bottom = max(low, top - SEARCH_SLICE)
+            rows += self._rows(self.app.store.dashboard_search_jobs(*args, top, limit - len(rows), bottom))
+            top = bottom
+        stopped = top if len(rows) < limit and top > low else None
+        return [dict(zip(keys, r)) for r in rows], stopped
 
     def search_ids(self, search: dict[str, Any], limit: int) -> tuple[int, list[int]]:
         """How many jobs match a search in all, and the ids of the first ``limit`` of them (oldest first)."""

@@ -373,18 +373,22 @@ class Dashboard:
         raw, search, error = self.search_of(request.query_params)
         before = _int_param(request, "before")
         rows: list[dict[str, Any]] = []
+        stopped = None
         if error is None:
             try:
-                rows = await self.db(lambda: self.data.search_jobs(search, before_id=before, limit=PAGE_SIZE + 1))
+                rows, stopped = await self.db(
+                    lambda: self.data.search_jobs(search, before_id=before, limit=PAGE_SIZE + 1))
             except psycopg.errors.QueryCanceled:
                 error = "the search took too long: narrow it (a queue, a kind, a state or a time range)"
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
         keep = {k: v for k, v in raw.items() if v}
         next_url = ("/jobs?" + urlencode({**keep, "before": rows[-1]["id"]})) if more else None
+        if stopped is not None:  # this page's slices ran out: older jobs are not searched yet
+            next_url = "/jobs?" + urlencode({**keep, "before": stopped})
         first_url = ("/jobs?" + urlencode(keep)) if before is not None else None
         return self.render(request, "jobs.html", jobs=rows, filters=raw, states=JOB_STATES, error=error,
-                           next_url=next_url, first_url=first_url, query=urlencode(keep),
+                           next_url=next_url, first_url=first_url, query=urlencode(keep), stopped=stopped,
                            bulk_actions=BULK_STATES)
 
     def search_of(self, params: Any) -> tuple[dict[str, str], dict[str, Any], str | None]:
