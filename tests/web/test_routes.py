@@ -286,8 +286,8 @@ def test_overview_queries_read_indexes_not_the_table(app, conn):
     q = app.queries
     for name, args in (("dashboard_queue_counts", []), ("dashboard_throughput", [60]), ("dashboard_workers", [8]),
                        ("dashboard_held_jobs", [None, None, None, 51]), ("dashboard_table_estimate", [app.schema]),
-                       ("dashboard_search_jobs", [["failed"], None, None, None, None, None, None, None, 51]),
-                       ("dashboard_search_jobs", [["held"], None, None, None, None, None, None, None, 51]),
+                       ("dashboard_search_jobs", [["failed"], None, None, None, None, None, None, None, 51, None]),
+                       ("dashboard_search_jobs", [["held"], None, None, None, None, None, None, None, 51, None]),
                        ("dashboard_failed_recent", [3600.0])):
         # bound parameters on an unnamed statement: planned with their values, as the dashboard runs it
         plan = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + getattr(q, name), args))
