@@ -44,12 +44,12 @@ WITH claim AS (
     INSERT INTO {schema}.history_latency (hour, queue, measure, bucket, jobs)
     SELECT $1::timestamptz, queue, measure, bucket, count(*)
       FROM (SELECT queue, 'start' AS measure,
-                   greatest(0, floor(2 * log(2, greatest(1.0, extract(epoch FROM started_at - created_at)::numeric * 1000))))::smallint AS bucket
+                   greatest(0, floor(2 * ln(greatest(1.0, extract(epoch FROM started_at - created_at)::float8 * 1000)) / ln(2.0)))::smallint AS bucket
               FROM tries
              WHERE attempt = 1 AND started_at IS NOT NULL
             UNION ALL
             SELECT queue, 'finish',
-                   greatest(0, floor(2 * log(2, greatest(1.0, extract(epoch FROM finished_at - created_at)::numeric * 1000))))::smallint
+                   greatest(0, floor(2 * ln(greatest(1.0, extract(epoch FROM finished_at - created_at)::float8 * 1000)) / ln(2.0)))::smallint
               FROM tries
              WHERE outcome IN ('done', 'failed')) AS l
      GROUP BY queue, measure, bucket
@@ -98,7 +98,7 @@ SELECT queue, measure, bucket, sum(jobs)::bigint AS jobs
         UNION ALL
         SELECT queue, measure, bucket, count(*)
           FROM (SELECT j.queue, 'start' AS measure,
-                       greatest(0, floor(2 * log(2, greatest(1.0, extract(epoch FROM a.started_at - j.created_at)::numeric * 1000))))::smallint AS bucket
+                       greatest(0, floor(2 * ln(greatest(1.0, extract(epoch FROM a.started_at - j.created_at)::float8 * 1000)) / ln(2.0)))::smallint AS bucket
                   FROM {schema}.attempts AS a
                  CROSS JOIN LATERAL (SELECT queue, kind, created_at FROM {schema}.jobs WHERE id = a.job_id LIMIT 1) AS j
                  WHERE a.finished_at >= greatest($1::timestamptz, $3::timestamptz)
@@ -106,7 +106,7 @@ SELECT queue, measure, bucket, sum(jobs)::bigint AS jobs
                    AND a.attempt = 1 AND a.started_at IS NOT NULL
                 UNION ALL
                 SELECT j.queue, 'finish',
-                       greatest(0, floor(2 * log(2, greatest(1.0, extract(epoch FROM a.finished_at - j.created_at)::numeric * 1000))))::smallint
+                       greatest(0, floor(2 * ln(greatest(1.0, extract(epoch FROM a.finished_at - j.created_at)::float8 * 1000)) / ln(2.0)))::smallint
                   FROM {schema}.attempts AS a
                  CROSS JOIN LATERAL (SELECT queue, kind, created_at FROM {schema}.jobs WHERE id = a.job_id LIMIT 1) AS j
                  WHERE a.finished_at >= greatest($1::timestamptz, $3::timestamptz)
