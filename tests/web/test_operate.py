@@ -329,3 +329,23 @@ def test_the_grafana_dashboard_uses_metrics_that_exist(app, client):
     worker_side = {"joblane_jobs_total", "joblane_job_duration_seconds_bucket", "joblane_outbox_messages_total",
                    "joblane_jobs_running"}
     assert used and used <= served | worker_side, used - served - worker_side
+
+
+def test_a_search_no_index_serves_reads_slices_and_links_to_older_jobs(app, conn, client, monkeypatch):
+    monkeypatch.setattr("joblane.web.data.SEARCH_SLICE", 10)
+    monkeypatch.setattr("joblane.web.data.SEARCH_SLICES", 2)
+    rare = add_job(conn, app, payload={"tenant": "rare"})
+    for _ in range(45):
+        add_job(conn, app, payload={"tenant": "common"})
+    html = client.get("/jobs?payload=tenant%3Drare").text
+    assert "No jobs match among those searched so far" in html and 'id="searched-to"' in html
+    seen, url, pages = [], "/jobs?payload=tenant%3Drare", 0
+    while url and pages < 10:
+        html = client.get(url).text
+        seen += [int(i) for i in re.findall(r'<tr data-job="(\d+)"', html)]
+        m = re.search(r'<a href="([^"]+)" id="next-page">', html)
+        url = m.group(1).replace("&amp;", "&") if m else None
+        pages += 1
+    assert seen == [rare] and pages == 3  # 20 ids a page: 46 jobs in three pages, then no older link
+    html = client.get("/jobs?payload=tenant%3Dcommon").text
+    assert len(re.findall(r'<tr data-job="(\d+)"', html)) == 20 and 'id="next-page"' in html  # a page's 2 slices
