@@ -349,3 +349,13 @@ def test_a_search_no_index_serves_reads_slices_and_links_to_older_jobs(app, conn
     assert seen == [rare] and pages == 3  # 20 ids a page: 46 jobs in three pages, then no older link
     html = client.get("/jobs?payload=tenant%3Dcommon").text
     assert len(re.findall(r'<tr data-job="(\d+)"', html)) == 20 and 'id="next-page"' in html  # a page's 2 slices
+
+
+def test_a_search_by_an_indexed_state_finds_old_jobs_at_once(app, conn, client, monkeypatch):
+    monkeypatch.setattr("joblane.web.data.SEARCH_SLICE", 10)
+    monkeypatch.setattr("joblane.web.data.SEARCH_SLICES", 2)
+    old = add_job(conn, app, state="held", payload={"tenant": "rare"})
+    for _ in range(45):
+        add_job(conn, app, state="done", payload={"tenant": "rare"})
+    html = client.get("/jobs?state=held&payload=tenant%3Drare").text  # jobs_held bounds it: no slices
+    assert [int(i) for i in re.findall(r'<tr data-job="(\d+)"', html)] == [old] and 'id="searched-to"' not in html

@@ -22,6 +22,7 @@ PAGE_SIZE = 50
 # The jobs search reads the primary key newest first in slices of this many ids,
 # at most SEARCH_SLICES slices a page: a search no index serves stays bounded.
 SEARCH_SLICE = 20_000
+IN_FLIGHT_STATES = {"pending", "running", "held", "failed"}  # each has its partial index
 SEARCH_SLICES = 10
 HISTORY_WINDOWS = {"1h": 1, "24h": 24, "7d": 7 * 24}  # hours
 
@@ -173,6 +174,13 @@ class Data:
         keys = ("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "run_after", "last_error",
                 "created_at", "finished_at", "worker", "replay_of", "payload_preview")
         args = search_args(search)
+        states = search.get("states") or []
+        narrowed = any(search.get(k) for k in ("kind", "queue", "since", "until", "payload", "error"))
+        if (states and set(states) <= IN_FLIGHT_STATES) or not narrowed:
+            # a partial index holds just these states (work in flight, failures), or nothing filters: newest
+            # first down the primary key stops at the first rows; either way one statement is bounded
+            rows = self._rows(self.app.store.dashboard_search_jobs(*args, before_id, limit, None))
+            return [dict(zip(keys, r)) for r in rows], None
         low, high = self._rows(self.app.store.dashboard_job_id_range())[0]
         if low is None:
             return [], None
