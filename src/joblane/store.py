@@ -453,20 +453,35 @@ class Store:
     def history_hours_todo(self, settle_seconds, hours, limit) -> Statement:
         return self._s("history_hours_todo", settle_seconds, hours, limit)
 
-    def history_rollup(self, hour) -> Statement:
-        return self._s("history_rollup", hour)
+    def history_minutes_todo(self, settle_seconds, hours, limit) -> Statement:
+        return self._s("history_minutes_todo", settle_seconds, hours, limit)
+
+    def history_rollup(self, start, seconds) -> Statement:
+        return self._s("history_rollup", start, seconds)
+
+    def history_full_hours(self, settle_seconds) -> Statement:
+        return self._s("history_full_hours", settle_seconds)
+
+    def history_merge_attempts(self, hour) -> Statement:
+        return self._s("history_merge_attempts", hour)
+
+    def history_merge_latency(self, hour) -> Statement:
+        return self._s("history_merge_latency", hour)
+
+    def history_merge_slices(self, hour) -> Statement:
+        return self._s("history_merge_slices", hour)
 
     def history_prune(self, keep_seconds) -> Statement:
         return self._s("history_prune", keep_seconds)
 
-    def history_rolled_hours(self, since) -> Statement:
-        return self._s("history_rolled_hours", since)
+    def history_slices_since(self, since) -> Statement:
+        return self._s("history_slices_since", since)
 
-    def history_counts(self, since, rolled_hours, live_from) -> Statement:
-        return self._s("history_counts", since, rolled_hours, live_from)
+    def history_counts(self, slice_starts, live_from, live_to) -> Statement:
+        return self._s("history_counts", slice_starts, live_from, live_to)
 
-    def history_latency_buckets(self, since, rolled_hours, live_from) -> Statement:
-        return self._s("history_latency_buckets", since, rolled_hours, live_from)
+    def history_latency_buckets(self, slice_starts, live_from, live_to) -> Statement:
+        return self._s("history_latency_buckets", slice_starts, live_from, live_to)
 
     def dashboard_outbox_retrying(self, topic, limit) -> Statement:
         return self._s("dashboard_outbox_retrying", topic, limit)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 
 from starlette.testclient import TestClient
@@ -243,7 +244,7 @@ async def roll_up(app):
 
     from joblane.maintenance import History
 
-    service = History(app.store, settle=0)
+    service = History(app.store, settle=0, max_slices=48)
     conn = await asyncpg.connect(app.dsn)
     try:
         while True:
@@ -276,10 +277,25 @@ async def test_history_counts_outcomes_and_latency_per_window_rolled_up_or_not(a
         assert cells[3] == "10" and cells[4] == cells[5] == "2.0 s", cells
 
     check()  # nothing rolled up: every window read from the attempts
-    assert await roll_up(app) >= 7 * 24 - 2  # every closed hour of the week, in rounds
-    assert await roll_up(app) == 0  # each hour once
-    check()  # the same figures from the roll-ups and the current hour's attempts
-    assert "rolled up by the workers' history service" in client.get("/history?window=7d").text
+    rolled = await roll_up(app)
+    assert rolled >= 7 * 24 - 2  # every closed hour of the week, the last ones in five-minute slices, in rounds
+    assert await roll_up(app) == 0  # each slice once
+    slices = conn.execute(f"SELECT seconds, count(*) FROM {table(app, 'history_slices')} GROUP BY 1").fetchall()
+    assert dict(slices)[3600] >= 7 * 24 - 2 and dict(slices).get(300, 0) <= 11  # full hours merged
+    check()  # the same figures from the roll-ups and the attempts of the minutes not rolled up
+    source = re.search(r'id="history-source">(.*?)</p>', client.get("/history?window=7d").text).group(1)
+    assert re.search(r"\d+ slices rolled up by the workers' history service, the last (\d+m )?\d+s read", source)
+    # an hour rolled up in five-minute slices (a worker that started mid-hour) is merged into one when full
+    last_hour = conn.execute("SELECT date_trunc('hour', now(), 'UTC') - interval '1 hour'").fetchone()[0]
+    for name in ("history_slices", "history_attempts", "history_latency"):
+        conn.execute(f"DELETE FROM {table(app, name)} WHERE start >= %s AND start < %s + interval '1 hour'",
+                     (last_hour, last_hour))
+    stmt = app.store.history_rollup(last_hour + dt.timedelta(minutes=25), 300)
+    run_sql(conn, stmt.sql, stmt.args)
+    await roll_up(app)
+    assert conn.execute(f"SELECT seconds FROM {table(app, 'history_slices')} WHERE start >= %s AND start < %s"
+                        " + interval '1 hour'", (last_hour, last_hour)).fetchall() == [(3600,)]
+    check()
     assert client.get("/history?window=1y").status_code == 400
 
 

@@ -21,27 +21,29 @@ CREATE INDEX attempts_outcome ON {schema}.attempts USING btree (outcome, finishe
 
 CREATE TABLE {schema}.history_attempts (
     attempts bigint NOT NULL,
-    hour timestamp with time zone NOT NULL,
     kind text NOT NULL,
     outcome text NOT NULL,
     queue text NOT NULL,
-    CONSTRAINT history_attempts_pkey PRIMARY KEY (hour, queue, kind, outcome)
-);
-
-CREATE TABLE {schema}.history_hours (
-    hour timestamp with time zone NOT NULL,
-    rolled_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT history_hours_pkey PRIMARY KEY (hour)
+    start timestamp with time zone NOT NULL,
+    CONSTRAINT history_attempts_pkey PRIMARY KEY (start, queue, kind, outcome)
 );
 
 CREATE TABLE {schema}.history_latency (
     bucket smallint NOT NULL,
-    hour timestamp with time zone NOT NULL,
     jobs bigint NOT NULL,
     measure text NOT NULL,
     queue text NOT NULL,
+    start timestamp with time zone NOT NULL,
     CONSTRAINT history_latency_measure_check CHECK ((measure = ANY (ARRAY['start'::text, 'finish'::text]))),
-    CONSTRAINT history_latency_pkey PRIMARY KEY (hour, queue, measure, bucket)
+    CONSTRAINT history_latency_pkey PRIMARY KEY (start, queue, measure, bucket)
+);
+
+CREATE TABLE {schema}.history_slices (
+    rolled_at timestamp with time zone DEFAULT now() NOT NULL,
+    seconds integer NOT NULL,
+    start timestamp with time zone NOT NULL,
+    CONSTRAINT history_slices_pkey PRIMARY KEY (start),
+    CONSTRAINT history_slices_seconds_check CHECK ((seconds = ANY (ARRAY[300, 3600])))
 );
 
 CREATE TABLE {schema}.inbox (

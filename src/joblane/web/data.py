@@ -231,33 +231,37 @@ class Data:
     def history(self, window: str) -> dict[str, Any]:
         """Attempts by outcome per queue and kind, and latency percentiles per queue, over ``window``.
 
-        1h is the last 60 minutes, read from the attempts; 24h and 7d are whole
-        UTC hours (the current one and those before it), read from the hourly
-        roll-ups where the worker's history service has made them and from the
-        attempts for the hours it has not (the current one, at least).
+        1h is the last hour to five minutes; 24h and 7d are whole UTC hours (the
+        current one and those before it). Each reads the roll-ups the workers'
+        history service made of its slices, and the attempts of the minutes no
+        slice covers (the last few, or all of them when no worker has run).
         """
         hours = HISTORY_WINDOWS[window]
         now = dt.datetime.now(dt.timezone.utc)
-        rolled: list[dt.datetime] = []
         if hours == 1:
-            since = live_from = now - dt.timedelta(hours=1)
+            since = now.replace(minute=now.minute - now.minute % 5, second=0, microsecond=0) - dt.timedelta(minutes=55)
         else:
-            this_hour = now.replace(minute=0, second=0, microsecond=0)
-            since = this_hour - dt.timedelta(hours=hours - 1)
-            rolled = [r[0] for r in self._rows(self.app.store.history_rolled_hours(since))]
-            done = set(rolled)
-            live_from = since
-            while live_from in done:
-                live_from += dt.timedelta(hours=1)
+            since = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=hours - 1)
+        slices = self._rows(self.app.store.history_slices_since(since))
+        starts, gaps_from, gaps_to = [], [], []
+        cursor = since
+        for start, seconds in slices:
+            if start > cursor:
+                gaps_from.append(cursor)
+                gaps_to.append(start)
+            starts.append(start)
+            cursor = max(cursor, start + dt.timedelta(seconds=seconds))
+        gaps_from.append(cursor)
+        gaps_to.append(now + dt.timedelta(days=1))  # to the end: whatever finishes while we read
         by_kind: dict[tuple[str, str], dict[str, Any]] = {}
-        for queue, kind, outcome, n in self._rows(self.app.store.history_counts(since, rolled, live_from)):
+        for queue, kind, outcome, n in self._rows(self.app.store.history_counts(starts, gaps_from, gaps_to)):
             row = by_kind.setdefault((queue, kind), {"queue": queue, "kind": kind, "done": 0, "failed": 0,
                                                      "retry": 0, "other": 0, "attempts": 0})
             row[outcome if outcome in ("done", "failed", "retry") else "other"] += n
             row["attempts"] += n
         buckets: dict[tuple[str, str], dict[int, int]] = {}
-        for queue, measure, bucket, n in self._rows(self.app.store.history_latency_buckets(since, rolled,
-                                                                                           live_from)):
+        for queue, measure, bucket, n in self._rows(self.app.store.history_latency_buckets(starts, gaps_from,
+                                                                                           gaps_to)):
             buckets.setdefault((queue, measure), {})[bucket] = n
         latency = []
         for queue in sorted({q for q, _ in buckets}):
@@ -269,8 +273,9 @@ class Data:
             latency.append(entry)
         rows = [by_kind[k] for k in sorted(by_kind)]
         totals = {k: sum(r[k] for r in rows) for k in ("done", "failed", "retry", "other", "attempts")}
+        unrolled = sum((min(t, now) - f).total_seconds() for f, t in zip(gaps_from, gaps_to))
         return {"window": window, "since": since, "rows": rows, "totals": totals, "latency": latency,
-                "rolled_hours": len(rolled), "live_from": live_from}
+                "slices": len(starts), "unrolled_seconds": max(0.0, unrolled)}
 
     # -- outbox -------------------------------------------------------------
 
