@@ -59,7 +59,7 @@ def fill(dsn: str, schema: str, jobs: int, tries: int) -> None:
 
 
 async def roll_up(app: joblane.App) -> int:
-    service = History(app.store, settle=0, max_hours=24)
+    service = History(app.store, settle=0, max_slices=24)
     conn = await asyncpg.connect(app.dsn)
     try:
         while True:
