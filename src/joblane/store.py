@@ -450,6 +450,9 @@ class Store:
 
     # -- history.sql: hourly roll-ups of the attempts --------------------------
 
+    def history_no_jit(self) -> Statement:
+        return self._s("history_no_jit")
+
     def history_hours_todo(self, settle_seconds, hours, limit) -> Statement:
         return self._s("history_hours_todo", settle_seconds, hours, limit)
 

@@ -39,6 +39,7 @@ class History(Service):
     async def _work(self, conn: Any) -> list[Any]:
         """The starts of the slices rolled up."""
         done: list[Any] = []
+        await store.run(conn, self.store.history_no_jit())
         hours = [r[0] for r in await store.records(conn, self.store.history_hours_todo(self.settle, WEEK_HOURS,
                                                                                       self.max_slices + 1))]
         for start in hours[:self.max_slices]:

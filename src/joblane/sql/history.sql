@@ -11,6 +11,10 @@
 -- each bucket is ~41% wider than the one before; a percentile read from them
 -- is within that step of the true value.
 
+-- name: history_no_jit
+-- Turn JIT compilation off for the rest of the history service's transaction (its statements are short; compiling costs more).
+SET LOCAL jit = off;
+
 -- name: history_hours_todo
 -- Closed UTC hours (ended more than $1 seconds ago) of the last $2 hours that no slice covers any part of, oldest first, at most $3.
 SELECT h.start

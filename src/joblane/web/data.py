@@ -42,7 +42,9 @@ class Data:
             # commit on their own. Unprepared, so each filter gets its own plan
             # (a generic plan could not use the partial indexes).
             kwargs={"autocommit": True, "prepare_threshold": None,
-                    "options": f"-c statement_timeout={int(statement_timeout_ms)}",
+                    # no JIT: every page is a few short statements, and compiling one (chosen on
+                    # estimates, not real sizes) costs far more than running it
+                    "options": f"-c statement_timeout={int(statement_timeout_ms)} -c jit=off",
                     "application_name": "joblane dashboard"},
             name="joblane-dashboard",
         )
