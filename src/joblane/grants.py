@@ -48,8 +48,8 @@ TABLES: dict[str, tuple[str, str]] = {
     "queue_starts":   ("",                                                       "SELECT, INSERT, DELETE"),
     # workers and relays register and heartbeat themselves; the rescuer drops dead ones
     "processes":      ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
-    # the history service rolls hours up (ON CONFLICT reads history_hours) and deletes old roll-ups
-    "history_hours":    ("",                                                     "SELECT, INSERT, DELETE"),
+    # the history service rolls slices up (ON CONFLICT reads history_slices), merges and deletes old ones
+    "history_slices":   ("",                                                     "SELECT, INSERT, DELETE"),
     "history_attempts": ("",                                                     "SELECT, INSERT, DELETE"),
     "history_latency":  ("",                                                     "SELECT, INSERT, DELETE"),
 }

@@ -453,8 +453,8 @@ class Store:
     def history_no_jit(self) -> Statement:
         return self._s("history_no_jit")
 
-    def history_hours_todo(self, settle_seconds, hours, limit) -> Statement:
-        return self._s("history_hours_todo", settle_seconds, hours, limit)
+    def history_hours_todo(self, hours, limit) -> Statement:
+        return self._s("history_hours_todo", hours, limit)
 
     def history_minutes_todo(self, settle_seconds, hours, limit) -> Statement:
         return self._s("history_minutes_todo", settle_seconds, hours, limit)
@@ -462,8 +462,8 @@ class Store:
     def history_rollup(self, start, seconds) -> Statement:
         return self._s("history_rollup", start, seconds)
 
-    def history_full_hours(self, settle_seconds) -> Statement:
-        return self._s("history_full_hours", settle_seconds)
+    def history_full_hours(self) -> Statement:
+        return self._s("history_full_hours")
 
     def history_merge_attempts(self, hour) -> Statement:
         return self._s("history_merge_attempts", hour)

@@ -14,10 +14,11 @@ WEEK_HOURS = 7 * 24
 class History(Service):
     """Rolls up what the last week's slices of attempts hold, oldest first.
 
-    A closed UTC hour that nothing covers yet (a first start, a worker that
-    was down) is rolled up whole; the current and the last hour go in
-    five-minute slices, so a page reads the attempts of a few minutes at
-    most; once an hour has all twelve, they are merged into one. A slice is
+    An hour before the last one that nothing covers yet (a first start, a
+    worker that was down) is rolled up whole; the current and the last hour
+    go in five-minute slices, so a page (the 1 h window too) reads the
+    attempts of a few minutes at most; once an hour before the last one has
+    all twelve, they are merged into one. A slice is
     closed ``settle`` seconds after it ends (a try that finished in it has
     committed by then). A round rolls up at most ``max_slices`` slices and
     comes back at once while there are more (``behind``): a first start on a
@@ -40,8 +41,7 @@ class History(Service):
         """The starts of the slices rolled up."""
         done: list[Any] = []
         await store.run(conn, self.store.history_no_jit())
-        hours = [r[0] for r in await store.records(conn, self.store.history_hours_todo(self.settle, WEEK_HOURS,
-                                                                                      self.max_slices + 1))]
+        hours = [r[0] for r in await store.records(conn, self.store.history_hours_todo(WEEK_HOURS, self.max_slices + 1))]
         for start in hours[:self.max_slices]:
             await store.records(conn, self.store.history_rollup(start, 3600))
             done.append(start)
@@ -52,7 +52,7 @@ class History(Service):
             await store.records(conn, self.store.history_rollup(start, 300))
             done.append(start)
         self.behind = len(hours) > self.max_slices or len(minutes) > left or (not left and bool(hours))
-        for (hour,) in await store.records(conn, self.store.history_full_hours(self.settle)):
+        for (hour,) in await store.records(conn, self.store.history_full_hours()):
             await store.records(conn, self.store.history_merge_attempts(hour))
             await store.records(conn, self.store.history_merge_latency(hour))
             await store.records(conn, self.store.history_merge_slices(hour))

@@ -16,15 +16,15 @@
 SET LOCAL jit = off;
 
 -- name: history_hours_todo
--- Closed UTC hours (ended more than $1 seconds ago) of the last $2 hours that no slice covers any part of, oldest first, at most $3.
+-- UTC hours of the last $1 hours, before the last one, that no slice covers any part of, oldest first, at most $2 (the last and the current hour go in five-minute slices).
 SELECT h.start
-  FROM generate_series(date_trunc('hour', now() - make_interval(secs => $1::float8), 'UTC') - make_interval(hours => $2::int),
-                       date_trunc('hour', now() - make_interval(secs => $1::float8), 'UTC') - interval '1 hour',
+  FROM generate_series(date_trunc('hour', now(), 'UTC') - make_interval(hours => $1::int),
+                       date_trunc('hour', now(), 'UTC') - interval '2 hours',
                        interval '1 hour') AS h(start)
  WHERE NOT EXISTS (SELECT 1 FROM {schema}.history_slices AS d
                     WHERE d.start >= h.start AND d.start < h.start + interval '1 hour')
  ORDER BY h.start
- LIMIT $3;
+ LIMIT $2;
 
 -- name: history_minutes_todo
 -- Closed five-minute slices (ended more than $1 seconds ago) not rolled up, in the current and the last UTC hour or in an hour partly rolled up within the last $2 hours, oldest first, at most $3.
@@ -79,11 +79,11 @@ SELECT (SELECT count(*) FROM claim) AS claimed, (SELECT count(*) FROM counted) A
        (SELECT count(*) FROM latencies) AS buckets;
 
 -- name: history_full_hours
--- Closed UTC hours (ended more than $1 seconds ago) whose twelve five-minute slices are all rolled up: ready to merge.
+-- UTC hours before the last one whose twelve five-minute slices are all rolled up: ready to merge (the last hour keeps its slices for the 1 h window).
 SELECT date_trunc('hour', start, 'UTC') AS hour
   FROM {schema}.history_slices
  WHERE seconds = 300
-   AND start < date_trunc('hour', now() - make_interval(secs => $1::float8), 'UTC')
+   AND start < date_trunc('hour', now(), 'UTC') - interval '1 hour'
  GROUP BY 1
 HAVING count(*) = 12
  ORDER BY 1;
