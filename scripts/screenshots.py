@@ -100,7 +100,7 @@ def fill(app: joblane.App) -> None:
             " SELECT CASE WHEN i % 4 = 0 THEN 'billing.invoice_parsed' ELSE 'crm.lead_created' END, 'lead-' || i,"
             "        jsonb_build_object('lead', i),"
             "        CASE WHEN i <= 3 THEN 'failed' WHEN i <= 12 THEN 'pending' ELSE 'sent' END,"
-            "        CASE WHEN i <= 3 THEN 25 WHEN i <= 5 THEN 4 ELSE 1 END,"
+            "        CASE WHEN i <= 3 THEN 25 WHEN i <= 5 THEN 4 WHEN i <= 12 THEN 0 ELSE 1 END,"
             "        CASE WHEN i <= 3 THEN 'HTTP 400 from https://crm.example/api/leads: field \"email\" is required'"
             "             WHEN i <= 5 THEN 'HTTP 503 from https://crm.example/api/leads: upstream unavailable' END,"
             "        now() - make_interval(secs => i * 7), CASE WHEN i > 12 THEN now() - make_interval(secs => i) END"

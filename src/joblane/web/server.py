@@ -481,7 +481,8 @@ class Dashboard:
             total, sample = await self.db(lambda: self.data.search_ids(search, 20))
         keep = {k: v for k, v in raw.items() if v}
         return self.render(request, "bulk.html", verb=verb, filters=raw, error=error, total=total, sample=sample,
-                           states=BULK_STATES[verb], back="/jobs?" + urlencode(keep), limit=MAX_BULK)
+                           states=search.get("states") or BULK_STATES[verb], back="/jobs?" + urlencode(keep),
+                           limit=MAX_BULK)
 
     async def replay_page(self, request: Request) -> Response:
         """The replay form; ``?ids=...&preview=1`` (from a job's page) opens it with a dry run shown."""
