@@ -375,3 +375,23 @@ def test_a_search_by_an_indexed_state_finds_old_jobs_at_once(app, conn, client, 
         add_job(conn, app, state="done", payload={"tenant": "rare"})
     html = client.get("/jobs?state=held&payload=tenant%3Drare").text  # jobs_held bounds it: no slices
     assert [int(i) for i in re.findall(r'<tr data-job="(\d+)"', html)] == [old] and 'id="searched-to"' not in html
+
+
+def test_outbox_discard_from_the_command_line(app, conn):
+    import json
+
+    from click.testing import CliRunner
+
+    from joblane.cli import main
+
+    box = table(app, "outbox")
+    stuck = conn.execute(f"INSERT INTO {box} (topic, state, attempts, last_error) VALUES ('t', 'pending', 3, 'HTTP 503')"
+                         " RETURNING id").fetchone()[0]
+    sent = conn.execute(f"INSERT INTO {box} (topic, state, sent_at) VALUES ('t', 'sent', now()) RETURNING id").fetchone()[0]
+    env = {"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema}
+    result = CliRunner().invoke(main, ["outbox", "discard", str(stuck), str(sent), "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"discarded": [stuck], "skipped": {str(sent): "sent"}}
+    missing = CliRunner().invoke(main, ["outbox", "discard", "999999"], env=env)
+    assert missing.exit_code == 1 and "error: no such message: 999999" in missing.output
+    assert conn.execute(f"SELECT id FROM {box}").fetchall() == [(sent,)]

@@ -132,7 +132,7 @@ class Worker:
         self.rescuer = Rescuer(self.store, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
         self.pruner = Pruner(self.store, retention=retention_seconds, prune_failed=prune_failed,
                              interval=prune_interval)
-        self.history = History(self.store)  # hourly roll-ups of the attempts, for the dashboard's history
+        self.history = History(self.store)  # roll-ups of the attempts, for the dashboard's history page
         self.scheduler: Scheduler | None = None  # made at run() when the app has periodic schedules
 
         self._active: dict[int, tuple[asyncio.Task, Job]] = {}
