@@ -158,6 +158,9 @@ def test_outbox_shows_retrying_messages_a_page_per_message_and_discards(app, con
     html = client.get("/outbox").text
     row = re.search(r'<tr data-topic="crm.lead">(.*?)</tr>', html, re.S).group(1)
     assert re.findall(r">([^<>]+)</td>", row) == ["1", "1", "1", "0", "2m 0s"]  # the stuck topic shows its retries
+    overview = client.get("/").text
+    assert re.search(r'crm.lead</a></td><td class="num">1</td><td class="num warn">1</td><td class="num bad">1</td>',
+                     overview)  # on the overview too: pending 1, retrying 1, failed 1
     retry_row = re.search(rf'<tr data-message="{retrying}">.*?</tr>', html, re.S).group(0)
     assert "4/10" in retry_row and "HTTP 503 &lt;script&gt;" in retry_row and "<script>alert" not in html
 
