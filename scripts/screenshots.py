@@ -1,4 +1,5 @@
-"""Refresh docs/screenshots/*.png: the dashboard's overview, review queue and a job, over a day's worth of sample work.
+"""Refresh docs/screenshots/*.png: the dashboard's pages (overview, queues, workers, jobs search and a bulk
+action, review queue, a job, outbox, history) over a day's worth of sample work.
 
     python scripts/screenshots.py          # DATABASE_URL, else an embedded PostgreSQL
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import joblane  # noqa: E402
+from joblane import store  # noqa: E402
 from joblane.queries import quote_ident  # noqa: E402
 from joblane.testing import database_url, drain, isolated_schema, new_schema_name  # noqa: E402
 from joblane.web import create_app  # noqa: E402
@@ -98,11 +100,30 @@ def fill(app: joblane.App) -> None:
             " SELECT CASE WHEN i % 4 = 0 THEN 'billing.invoice_parsed' ELSE 'crm.lead_created' END, 'lead-' || i,"
             "        jsonb_build_object('lead', i),"
             "        CASE WHEN i <= 3 THEN 'failed' WHEN i <= 12 THEN 'pending' ELSE 'sent' END,"
-            "        CASE WHEN i <= 3 THEN 25 ELSE 1 END,"
-            "        CASE WHEN i <= 3 THEN 'HTTP 400 from https://crm.example/api/leads: field \"email\" is required' END,"
+            "        CASE WHEN i <= 3 THEN 25 WHEN i <= 5 THEN 4 WHEN i <= 12 THEN 0 ELSE 1 END,"
+            "        CASE WHEN i <= 3 THEN 'HTTP 400 from https://crm.example/api/leads: field \"email\" is required'"
+            "             WHEN i <= 5 THEN 'HTTP 503 from https://crm.example/api/leads: upstream unavailable' END,"
             "        now() - make_interval(secs => i * 7), CASE WHEN i > 12 THEN now() - make_interval(secs => i) END"
             " FROM generate_series(1, 400) AS i")
+        # one try per finished job of that hour, for the history page
+        attempts = f"{quote_ident(app.schema)}.attempts"
+        conn.execute(
+            f"INSERT INTO {attempts} (job_id, attempt, outcome, error, started_at, finished_at)"
+            f" SELECT id, 1, state, last_error, created_at + interval '300 milliseconds', finished_at FROM {jobs}"
+            "  WHERE state IN ('done', 'failed') AND finished_at > now() - interval '2 hours'"
+            f"    AND NOT EXISTS (SELECT 1 FROM {attempts} AS a WHERE a.job_id = id)")
         conn.execute(f"ANALYZE {jobs}")
+        # two workers and a relay registered, a rate limit on leads, documents paused
+        for name, role, queues, concurrency in (("worker-a:4121:1f3c9e", "worker", ["leads", "documents"], 16),
+                                                ("worker-b:5307:8d20aa", "worker", ["leads", "documents"], 16),
+                                                ("relay-1:6120:0b7e41", "relay", [], None)):
+            host, pid, _ = name.split(":")
+            stmt = app.store.register_process(name, role, host, int(pid), joblane.__version__, queues,
+                                              ["classify_lead", "enrich_company", "extract_invoice"] if queues else [],
+                                              concurrency, 30.0)
+            store.fetch(conn, stmt)
+        app.save_limit(conn, "leads", per_minute=600, concurrency=8)
+        app.pause_queue(conn, "documents", 900, "invoice OCR provider maintenance until 14:00")
 
 
 def main() -> None:
@@ -115,10 +136,13 @@ def main() -> None:
         with LiveServer(create_app(app, refresh_seconds=0)) as server, chromium() as browser:
             page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
             shots = {"overview.png": "/?refresh=0", "review.png": "/review", "job.png": f"/jobs/{held[1]}",
-                     "jobs-failed.png": "/jobs?state=failed"}
+                     "jobs-failed.png": "/jobs?state=failed", "queues.png": "/queues", "workers.png": "/workers",
+                     "jobs-search.png": "/jobs?state=failed&error=429",
+                     "bulk-retry.png": "/jobs/bulk?action=retry&state=failed&error=429",
+                     "outbox.png": "/outbox", "history.png": "/history?window=1h"}
             for name, path in shots.items():
                 page.goto(server.url + path)
-                page.screenshot(path=str(OUT / name), full_page=name != "jobs-failed.png")
+                page.screenshot(path=str(OUT / name), full_page=not name.startswith("jobs-"))
                 print(f"wrote {OUT / name}")
     print(json.dumps({"schema": schema, "pages": list(shots)}))
 

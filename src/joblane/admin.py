@@ -233,21 +233,24 @@ def reject(app: Any, conn: Any, job_id: int, reason: str, *, actor: str | None =
 
 def release_held(app: Any, conn: Any, *, kind: str | None = None, queue: str | None = None, since: Any = None,
                  until: Any = None, payload_patch: dict | None = None, actor: str | None = None,
-                 note: str | None = None) -> list[int]:
-    """Every held job matching the filters (created in [since, until)) back to pending, payload patched;
-    with a patch, a job whose payload is not a JSON object stays held. Returns the ids released."""
+                 note: str | None = None, ids: Sequence[int] | None = None) -> list[int]:
+    """Every held job matching the filters (created in [since, until); or the held ones of ``ids``) back to
+    pending, payload patched; with a patch, a job whose payload is not a JSON object stays held. Returns the
+    ids released."""
     patch = _patch_json(app, payload_patch)
-    stmt = app.store.release_jobs(None, kind, queue, parse_when(since, "since"), parse_when(until, "until"), patch,
+    stmt = app.store.release_jobs(list(ids) if ids is not None else None, kind, queue, parse_when(since, "since"), parse_when(until, "until"), patch,
                                   actor or default_actor(), note, app.notify, app.channel)
     rows = _rows(app, conn, stmt)
     return sorted(r[0] for r in rows)
 
 
 def reject_held(app: Any, conn: Any, reason: str, *, kind: str | None = None, queue: str | None = None,
-                since: Any = None, until: Any = None, actor: str | None = None) -> list[int]:
-    """Cancel every held job matching the filters (created in [since, until)), recording ``reason``."""
+                since: Any = None, until: Any = None, actor: str | None = None,
+                ids: Sequence[int] | None = None) -> list[int]:
+    """Cancel every held job matching the filters (created in [since, until); or the held ones of ``ids``),
+    recording ``reason``."""
     check_text("reject reason", reason, 4000)
-    stmt = app.store.reject_jobs(None, kind, queue, parse_when(since, "since"), parse_when(until, "until"), reason,
+    stmt = app.store.reject_jobs(list(ids) if ids is not None else None, kind, queue, parse_when(since, "since"), parse_when(until, "until"), reason,
                                  actor or default_actor())
     rows = _rows(app, conn, stmt)
     return sorted(r[0] for r in rows)
@@ -421,4 +424,10 @@ def retry_outbox(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None
         raise JoblaneError("attempts must be an integer from 1 to 100000")
     rows = _rows(app, conn, app.store.retry_outbox(list(ids) if ids is not None else None, topic, ids is None,
                                                    attempts))
+    return sorted(r[0] for r in rows)
+
+
+def discard_outbox(app: Any, conn: Any = None, *, ids: Sequence[int]) -> list[int]:
+    """Delete unsent messages (pending or failed) so they are never delivered; returns the ids discarded."""
+    rows = _rows(app, conn, app.store.discard_outbox(list(ids)))
     return sorted(r[0] for r in rows)

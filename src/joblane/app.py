@@ -449,16 +449,19 @@ class App:
 
     def release_held(self, conn: Any, *, kind: str | None = None, queue: str | None = None, since: Any = None,
                      until: Any = None, payload_patch: dict | None = None, actor: str | None = None,
-                     note: str | None = None) -> list[int]:
-        """``release`` every held job matching the filters (``since``/``until`` on when it was created);
-        returns the ids released. With a patch, a job whose payload is not a JSON object stays held."""
+                     note: str | None = None, ids: Sequence[int] | None = None) -> list[int]:
+        """``release`` every held job matching the filters (``since``/``until`` on when it was created), or the
+        held ones of ``ids``; returns the ids released. With a patch, a job whose payload is not a JSON object
+        stays held."""
         return admin.release_held(self, conn, kind=kind, queue=queue, since=since, until=until,
-                                  payload_patch=payload_patch, actor=actor, note=note)
+                                  payload_patch=payload_patch, actor=actor, note=note, ids=ids)
 
     def reject_held(self, conn: Any, reason: str, *, kind: str | None = None, queue: str | None = None,
-                    since: Any = None, until: Any = None, actor: str | None = None) -> list[int]:
-        """``reject`` every held job matching the filters; returns the ids rejected."""
-        return admin.reject_held(self, conn, reason, kind=kind, queue=queue, since=since, until=until, actor=actor)
+                    since: Any = None, until: Any = None, actor: str | None = None,
+                    ids: Sequence[int] | None = None) -> list[int]:
+        """``reject`` every held job matching the filters (or the held ones of ``ids``); returns the ids rejected."""
+        return admin.reject_held(self, conn, reason, kind=kind, queue=queue, since=since, until=until, actor=actor,
+                                 ids=ids)
 
     def replay(self, conn: Any, *, ids: Sequence[int] | None = None, kind: str | None = None,
                queue: str | None = None, state: str | Sequence[str] | None = None, since: Any = None,
@@ -506,10 +509,27 @@ class App:
         """End a queue's pause now; False when it was not paused."""
         return admin.resume_queue(self, conn, queue)
 
+    def save_limit(self, conn: Any, queue: str, **options: Any) -> Any:
+        """Write a queue's limits to the database now, for every worker (``joblane limits set``); the options
+        are those of ``limit``. Returns the ``Limit`` written."""
+        from .ratelimit import make_limit
+
+        limit = make_limit(queue, **options)
+        admin.save_limit(self, limit, conn)
+        return limit
+
+    def remove_limit(self, conn: Any, queue: str) -> bool:
+        """Drop a queue's limits from the database; False when it had none."""
+        return admin.remove_limit(self, queue, conn)
+
     def retry_outbox(self, conn: Any = None, *, ids: Sequence[int] | None = None, topic: str | None = None,
                      all_failed: bool = False, attempts: int = 10) -> list[int]:
         """Failed outbox rows back to pending with ``attempts`` more tries: by id, by topic prefix, or all."""
         return admin.retry_outbox(self, conn, ids=ids, topic=topic, all_failed=all_failed, attempts=attempts)
+
+    def discard_outbox(self, conn: Any = None, *, ids: Sequence[int]) -> list[int]:
+        """Delete unsent outbox messages (pending or failed): they are never delivered. Returns the ids discarded."""
+        return admin.discard_outbox(self, conn, ids=ids)
 
 
 def _attach_enqueue(app: App, fn: Callable[..., Any], kind: str) -> None:

@@ -48,6 +48,10 @@ TABLES: dict[str, tuple[str, str]] = {
     "queue_starts":   ("",                                                       "SELECT, INSERT, DELETE"),
     # workers and relays register and heartbeat themselves; the rescuer drops dead ones
     "processes":      ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
+    # the history service rolls slices up (ON CONFLICT reads history_slices), merges and deletes old ones
+    "history_slices":   ("",                                                     "SELECT, INSERT, DELETE"),
+    "history_attempts": ("",                                                     "SELECT, INSERT, DELETE"),
+    "history_latency":  ("",                                                     "SELECT, INSERT, DELETE"),
 }
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).

@@ -406,6 +406,9 @@ class Store:
     def retry_outbox(self, ids, topic_prefix, all_failed, extra_attempts) -> Statement:
         return self._s("retry_outbox", ids, topic_prefix, all_failed, extra_attempts)
 
+    def discard_outbox(self, ids) -> Statement:
+        return self._s("discard_outbox", ids)
+
     def prune_outbox(self, retention_seconds, limit) -> Statement:
         return self._s("prune_outbox", retention_seconds, limit)
 
@@ -429,8 +432,6 @@ class Store:
     def dashboard_workers(self, ids_per_worker) -> Statement:
         return self._s("dashboard_workers", ids_per_worker)
 
-    def dashboard_list_jobs(self, state, kind, queue, created_from, created_before, before_id, limit) -> Statement:
-        return self._s("dashboard_list_jobs", state, kind, queue, created_from, created_before, before_id, limit)
 
     def dashboard_job_steps(self, job_id) -> Statement:
         return self._s("dashboard_job_steps", job_id)
@@ -449,6 +450,61 @@ class Store:
 
     def dashboard_paused_queues(self) -> Statement:
         return self._s("dashboard_paused_queues")
+
+    # -- history.sql: hourly roll-ups of the attempts --------------------------
+
+    def history_no_jit(self) -> Statement:
+        return self._s("history_no_jit")
+
+    def history_hours_todo(self, hours, limit) -> Statement:
+        return self._s("history_hours_todo", hours, limit)
+
+    def history_minutes_todo(self, settle_seconds, hours, limit) -> Statement:
+        return self._s("history_minutes_todo", settle_seconds, hours, limit)
+
+    def history_rollup(self, start, seconds) -> Statement:
+        return self._s("history_rollup", start, seconds)
+
+    def history_full_hours(self) -> Statement:
+        return self._s("history_full_hours")
+
+    def history_merge_attempts(self, hour) -> Statement:
+        return self._s("history_merge_attempts", hour)
+
+    def history_merge_latency(self, hour) -> Statement:
+        return self._s("history_merge_latency", hour)
+
+    def history_merge_slices(self, hour) -> Statement:
+        return self._s("history_merge_slices", hour)
+
+    def history_prune(self, keep_seconds) -> Statement:
+        return self._s("history_prune", keep_seconds)
+
+    def history_slices_since(self, since) -> Statement:
+        return self._s("history_slices_since", since)
+
+    def history_counts(self, slice_starts, live_from, live_to) -> Statement:
+        return self._s("history_counts", slice_starts, live_from, live_to)
+
+    def history_latency_buckets(self, slice_starts, live_from, live_to) -> Statement:
+        return self._s("history_latency_buckets", slice_starts, live_from, live_to)
+
+    def dashboard_outbox_retrying(self, topic, limit) -> Statement:
+        return self._s("dashboard_outbox_retrying", topic, limit)
+
+    def dashboard_failed_recent(self, seconds) -> Statement:
+        return self._s("dashboard_failed_recent", seconds)
+
+    def dashboard_job_id_range(self) -> Statement:
+        return self._s("dashboard_job_id_range")
+
+    def dashboard_search_jobs(self, states, kind, queue, since, until, payload, error, before_id, limit,
+                              from_id) -> Statement:
+        return self._s("dashboard_search_jobs", states, kind, queue, since, until, payload, error, before_id, limit,
+                       from_id)
+
+    def dashboard_search_ids(self, states, kind, queue, since, until, payload, error, limit) -> Statement:
+        return self._s("dashboard_search_ids", states, kind, queue, since, until, payload, error, limit)
 
 
 @functools.lru_cache(maxsize=None)

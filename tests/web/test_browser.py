@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import socket
 import time
+import uuid
 
 import pytest
 
@@ -73,14 +75,17 @@ def test_overview_shows_queues_chart_and_refreshes(site, page):
     row = page.locator("#queues tbody tr", has_text="overview-q")
     assert row.count() == 1
     assert page.locator("svg#throughput g").count() == 60
-    assert page.locator('meta[http-equiv="refresh"]').get_attribute("content") == "2"
-    # the page reloads itself and picks up new work
+    assert page.locator("#live").get_attribute("data-refresh") == "2"
+    page.evaluate("window.__same_page = true")
+    # the live block refreshes itself in place (a fragment, not a reload) and picks up new work
     with app.connect() as conn:
         app.enqueue(conn, "classify", {"n": 2}, queue="overview-q", delay=3600)
     page.wait_for_function(
         "() => [...document.querySelectorAll('#queues tbody tr')]"
         ".some(r => r.textContent.includes('overview-q') && r.querySelectorAll('td')[1].textContent.trim() === '2')",
         timeout=10_000)
+    assert page.evaluate("window.__same_page") is True  # no reload: the page kept its state
+    assert "updated" in page.locator("#updated").inner_text()
 
 
 def test_filter_failed_jobs_retry_one_and_see_it_run(site, page):
@@ -131,3 +136,130 @@ def test_a_script_in_a_payload_is_shown_as_text(site, page):
     assert page.dialogs == []
     with app.connect() as conn:
         app.cancel(conn, ids=[job_id])
+
+
+
+def reload_until(page, url: str, predicate, timeout: float = 20.0, what: str = "the page") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        page.goto(url)
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not as expected after {timeout}s")
+        time.sleep(0.3)
+
+
+def test_workers_page_lists_two_workers_and_drops_the_killed_one(site, page):
+    app, url = site
+    rows = page.locator('#workers-table tr[data-role="worker"]')
+    reload_until(page, url + "/workers", lambda: rows.count() == 1, what="the module's worker")
+    cells = rows.first.locator("td")
+    assert cells.nth(2).inner_text() == socket.gethostname()
+    assert cells.nth(3).inner_text().isdigit() and "leads" in cells.nth(5).inner_text()
+    second = WorkerProcess(TASKS, app.schema, "--poll-interval", "0.2", "--concurrency", "2")
+    try:
+        reload_until(page, url + "/workers", lambda: rows.count() == 2, what="a second worker")
+        pid = str(second.proc.pid)
+        assert page.locator("#workers-table td.num", has_text=pid).count() == 1
+        second.kill()  # SIGKILL: no goodbye; its registration runs out after a lease (5 s here)
+        reload_until(page, url + "/workers", lambda: rows.count() == 1, timeout=30, what="the killed worker gone")
+        assert page.locator("#workers-table td.num", has_text=pid).count() == 0
+    finally:
+        second.stop()
+
+
+def test_pause_resume_and_limit_a_queue_from_the_queues_page(site, page):
+    app, url = site
+    with app.connect() as conn:
+        app.enqueue(conn, "classify", {"n": 0}, delay=3600)  # the queue has a row
+    page.goto(url + "/queues")
+    row = page.locator('#queues-table tr[data-queue="leads"]')
+    try:
+        row.locator("input[name=for]").fill("10m")
+        row.locator("button", has_text="pause").click()
+        assert "paused leads for 10m" in page.locator(".flash").inner_text()
+        assert "paused" in row.locator("td.pause").inner_text()
+        with app.connect() as conn:
+            job_id = app.enqueue(conn, "classify", {"lead": "paused"})
+        time.sleep(1.5)  # the worker polls every 0.2 s: a paused queue gives it nothing
+        with app.connect() as conn:
+            assert app.job_states([job_id], conn)[job_id] == "pending"
+        row.locator("button", has_text="resume").click()
+        assert "resumed leads" in page.locator(".flash").inner_text()
+        wait_for_state(page, url, job_id, "done")
+        page.goto(url + "/queues")
+        row.locator("summary", has_text="limits").click()
+        row.locator("input[name=concurrency]").fill("2")
+        row.locator("input[name=rate]").fill("50/s")
+        row.locator("details button", has_text="save").click()
+        assert "leads: 50 starts/s, 2 running" in page.locator(".flash").inner_text()
+        assert "2 running" in row.locator("td.limits").inner_text()
+        row.locator("summary", has_text="limits").click()
+        row.locator("button", has_text="remove limits").click()
+        assert "removed the limits of leads" in page.locator(".flash").inner_text()
+    finally:
+        with app.connect() as conn:
+            app.resume_queue(conn, "leads")
+            app.remove_limit(conn, "leads")
+
+
+def test_search_by_payload_then_retry_every_match_after_seeing_the_count(site, page):
+    app, url = site
+    tag = uuid.uuid4().hex[:8]
+    with app.connect() as conn:
+        ids = [app.enqueue(conn, "classify", {"fail_first": True, "tag": tag, "i": i}) for i in range(3)]
+        other = app.enqueue(conn, "classify", {"tag": "other"})
+    for job_id in ids:
+        wait_for_state(page, url, job_id, "failed")
+    page.goto(url + "/jobs")
+    page.fill("#filters input[name=payload]", f"tag={tag}")
+    page.fill("#filters input[name=error]", "malformed")
+    page.click("#filters button[type=submit]")
+    assert sorted(int(i) for i in page.locator("tr[data-job]").evaluate_all(
+        "rows => rows.map(r => r.dataset.job)")) == sorted(ids)
+    page.locator("#bulk-all button", has_text="retry all").click()
+    assert page.locator("#bulk-count").get_attribute("data-count") == "3"
+    page.locator("#bulk-confirm button").click()
+    assert "retried 3 of 3 matching jobs" in page.locator(".flash").inner_text()
+    for job_id in ids:
+        wait_for_state(page, url, job_id, "done")
+    with app.connect() as conn:
+        assert app.job_states([other], conn)[other] == "done"  # ran once, never failed, never retried
+
+
+def test_a_stuck_outbox_topic_shows_its_retries_and_a_message_is_discarded(site, page):
+    app, url = site
+    topic = f"crm.stuck.{uuid.uuid4().hex[:6]}"
+    with app.connect() as conn:
+        message = app.publish(conn, topic, {"lead": 7}, key="lead-7")
+        conn.execute(f'UPDATE "{app.schema}".outbox SET attempts = 4, last_error = %s,'
+                     " run_after = now() + interval '1 hour' WHERE id = %s", ("HTTP 503 from the CRM", message))
+    page.goto(url + "/outbox")
+    cells = page.locator(f'#topics tr[data-topic="{topic}"] td')
+    assert [cells.nth(i).inner_text() for i in range(1, 4)] == ["1", "1", "0"]  # pending, retrying, failed
+    retry_row = page.locator(f'#retrying tr[data-message="{message}"]')
+    assert "HTTP 503 from the CRM" in retry_row.inner_text() and "4" in retry_row.inner_text()
+    retry_row.locator(f'a[href="/outbox/{message}"]').click()
+    assert page.locator("#tries").inner_text().startswith("4")
+    assert page.locator("#last-error").inner_text() == "HTTP 503 from the CRM"
+    assert '"lead": 7' in page.locator("#payload").inner_text()
+    page.locator("#message-actions button", has_text="Discard").click()
+    page.wait_for_url(re.compile(r"/outbox$"))
+    assert f"discarded 1 message: #{message}" in page.locator(".flash").inner_text()
+    assert page.locator(f'#topics tr[data-topic="{topic}"]').count() == 0
+
+
+def test_history_shows_what_ran_per_queue_and_kind(site, page):
+    app, url = site
+    with app.connect() as conn:
+        job_id = app.enqueue(conn, "classify", {"lead": "history"})
+    wait_for_state(page, url, job_id, "done")
+    page.goto(url + "/history?window=1h")
+    row = page.locator('#history-table tr[data-queue="leads"][data-kind="classify"]')
+    assert int(row.locator("td").nth(2).inner_text().replace(",", "")) >= 1  # done
+    latency = page.locator('#latency-table tr[data-queue="leads"]')
+    assert re.search(r"\d+ ms|\d+\.\d s", latency.locator("td").nth(2).inner_text())
+    page.locator("#windows a", has_text="last 7d").click()
+    page.wait_for_url(re.compile(r"window=7d"))
+    assert page.locator('#history-table tr[data-queue="leads"]').count() >= 1

@@ -264,8 +264,10 @@ def test_outbox_page_counts_topics_and_lists_failures(app, conn, client):
     conn.execute(f"INSERT INTO {box} (topic, key, state, attempts, last_error) VALUES ('crm.lead', 'lead-7', 'failed', 25, %s)",
                  (f"HTTP 400 {XSS}",))
     html = client.get("/outbox").text
-    row = re.search(r'<tr><td><a href="/outbox\?topic=crm.lead">crm.lead</a></td>(.*?)</tr>', html, re.S).group(1)
-    assert re.findall(r">([^<>]+)</td>", row) == ["1", "1m 30s", "1", "1"]
+    row = re.search(r'<tr data-topic="crm.lead"><td><a href="/outbox\?topic=crm.lead">crm.lead</a></td>(.*?)</tr>',
+                    html, re.S).group(1)
+    # pending, retrying, failed, sent in the last hour, oldest unsent
+    assert re.findall(r">([^<>]+)</td>", row) == ["1", "0", "1", "1", "1m 30s"]
     assert "lead-7" in html and "HTTP 400 &lt;script&gt;" in html and "<script>alert" not in html
 
 
@@ -284,8 +286,9 @@ def test_overview_queries_read_indexes_not_the_table(app, conn):
     q = app.queries
     for name, args in (("dashboard_queue_counts", []), ("dashboard_throughput", [60]), ("dashboard_workers", [8]),
                        ("dashboard_held_jobs", [None, None, None, 51]), ("dashboard_table_estimate", [app.schema]),
-                       ("dashboard_list_jobs", ["failed", None, None, None, None, None, 51]),
-                       ("dashboard_list_jobs", ["held", None, None, None, None, None, 51])):
+                       ("dashboard_search_jobs", [["failed"], None, None, None, None, None, None, None, 51, None]),
+                       ("dashboard_search_jobs", [["held"], None, None, None, None, None, None, None, 51, None]),
+                       ("dashboard_failed_recent", [3600.0])):
         # bound parameters on an unnamed statement: planned with their values, as the dashboard runs it
         plan = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + getattr(q, name), args))
         assert not re.search(r"Seq Scan on jobs", plan), f"{name} scans the table:\n{plan}"

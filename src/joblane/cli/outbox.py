@@ -145,4 +145,23 @@ def outbox_retry(ctx: click.Context, message_ids, topic, all_failed, attempts, a
     report_changes("retried", "message", done, skipped, as_json)
 
 
+@outbox.command("discard")
+@click.argument("message_ids", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def outbox_discard(ctx: click.Context, message_ids, as_json) -> None:
+    """Delete unsent outbox messages (pending or failed): they are never delivered."""
+    ids = parse_ids(message_ids, "message")
+    if not ids:
+        raise Fail("give message ids")
+    app = app_from_context(ctx)
+    with working("discarding outbox messages"):
+        done = run_or_fail(lambda: app.discard_outbox(ids=ids))
+    skipped = {}
+    for i in (i for i in ids if i not in set(done)):
+        row = run_or_fail(lambda: admin.outbox_message(app, i))
+        skipped[i] = "missing" if row is None else row["state"]
+    report_changes("discarded", "message", done, skipped, as_json)
+
+
 COMMANDS = (relay, outbox)

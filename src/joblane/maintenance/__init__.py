@@ -2,10 +2,11 @@
 ``run_once()`` returning what it did, a jittered loop. Each runs in every worker (the outbox pruner in
 every relay), one at a time cluster-wide."""
 
+from .history import History
 from .outbox_pruner import OutboxPruner
 from .pruner import Pruner
 from .rescuer import Rescuer
 from .scheduler import Scheduler
 from .service import Service
 
-__all__ = ["OutboxPruner", "Pruner", "Rescuer", "Scheduler", "Service"]
+__all__ = ["History", "OutboxPruner", "Pruner", "Rescuer", "Scheduler", "Service"]

@@ -87,20 +87,6 @@ SELECT worker,
  GROUP BY worker
  ORDER BY worker;
 
--- name: dashboard_list_jobs
--- Jobs newest first, filtered by state $1, kind $2, queue $3, created at or after $4 and before $5 (NULL = any), with id below $6 (keyset page), at most $7.
-SELECT id, queue, kind, state, priority, attempts, max_attempts, run_after, last_error,
-       created_at, finished_at, worker, replay_of, left(payload::text, 160) AS payload_preview
-  FROM {schema}.jobs
- WHERE ($1::text IS NULL OR state = $1)
-   AND ($2::text IS NULL OR kind = $2)
-   AND ($3::text IS NULL OR queue = $3)
-   AND ($4::timestamptz IS NULL OR created_at >= $4)
-   AND ($5::timestamptz IS NULL OR created_at < $5)
-   AND ($6::bigint IS NULL OR id < $6)
- ORDER BY id DESC
- LIMIT $7;
-
 -- name: dashboard_job_steps
 -- The checkpointed steps job $1 has finished, in the order they finished, with the try that ran each and its stored result.
 SELECT name, attempt, finished_at, result::text AS result
@@ -138,14 +124,19 @@ SELECT outcome, count(*) AS attempts
  ORDER BY outcome;
 
 -- name: dashboard_outbox_topics
--- Outbox rows per topic: pending (with the lag, the age of the oldest) and failed, exact; sent within the last $1 seconds.
+-- Outbox rows per topic: pending (with the age of the oldest), retrying (pending after a failed try) and failed (with the age of the oldest), exact; sent within the last $1 seconds.
 SELECT topic, 'pending' AS state, count(*) AS messages,
-       extract(epoch FROM now() - min(created_at))::float8 AS lag_seconds
+       extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds
   FROM {schema}.outbox
  WHERE state = 'pending'
  GROUP BY topic
 UNION ALL
-SELECT topic, 'failed', count(*), NULL
+SELECT topic, 'retrying', count(*), NULL
+  FROM {schema}.outbox
+ WHERE state = 'pending' AND attempts > 0
+ GROUP BY topic
+UNION ALL
+SELECT topic, 'failed', count(*), extract(epoch FROM now() - min(created_at))::float8
   FROM {schema}.outbox
  WHERE state = 'failed'
  GROUP BY topic
@@ -154,6 +145,15 @@ SELECT topic, 'sent', count(*), NULL
   FROM {schema}.outbox
  WHERE state = 'sent' AND sent_at > now() - make_interval(secs => $1::float8)
  GROUP BY topic;
+
+-- name: dashboard_outbox_retrying
+-- Pending outbox rows that have failed at least one try (topic $1 or any), most tries first, at most $2, with the last error.
+SELECT id, topic, key, attempts, max_attempts, run_after, last_error, created_at
+  FROM {schema}.outbox
+ WHERE state = 'pending' AND attempts > 0
+   AND ($1::text IS NULL OR topic = $1)
+ ORDER BY attempts DESC, id
+ LIMIT $2;
 
 -- name: dashboard_outbox_failed
 -- Failed outbox rows newest first (id below $1 for the next page, topic $2 or any, at most $3), with their errors.
@@ -171,3 +171,52 @@ SELECT queue, extract(epoch FROM until - now())::float8 AS seconds_left, reason
   FROM {schema}.queue_pauses
  WHERE until > now()
  ORDER BY queue;
+
+-- name: dashboard_failed_recent
+-- Jobs that failed for good within the last $1 seconds, per queue (the failed partial index).
+SELECT queue, count(*) AS jobs
+  FROM {schema}.jobs
+ WHERE state = 'failed' AND finished_at > now() - make_interval(secs => $1::float8)
+ GROUP BY queue;
+
+-- name: dashboard_job_id_range
+-- The lowest and highest job id (both ends of the primary key).
+SELECT min(id), max(id) FROM {schema}.jobs;
+
+-- name: dashboard_search_jobs
+-- Jobs newest first matching states $1, kind $2, queue $3, created in [$4, $5), payload containing $6 (jsonb @>), error containing $7 (any case), id below $8 and at least $10, at most $9 (NULL = any).
+--
+-- The dashboard searches in slices of ids ($10 to $8), newest first, so that a
+-- filter no index serves (payload, error text) reads a bounded slice of the
+-- primary key per statement instead of the whole table.
+SELECT id, queue, kind, state, priority, attempts, max_attempts, run_after, last_error,
+       created_at, finished_at, worker, replay_of, left(payload::text, 160) AS payload_preview
+  FROM {schema}.jobs
+ WHERE ($1::text[] IS NULL OR state = ANY($1))
+   AND ($2::text IS NULL OR kind = $2)
+   AND ($3::text IS NULL OR queue = $3)
+   AND ($4::timestamptz IS NULL OR created_at >= $4)
+   AND ($5::timestamptz IS NULL OR created_at < $5)
+   AND ($6::jsonb IS NULL OR payload @> $6)
+   AND ($7::text IS NULL OR strpos(lower(last_error), lower($7)) > 0)
+   AND ($8::bigint IS NULL OR id < $8)
+   AND ($10::bigint IS NULL OR id >= $10)
+ ORDER BY id DESC
+ LIMIT $9;
+
+-- name: dashboard_search_ids
+-- The ids of every job matching the search filters ($1..$7 as dashboard_search_jobs), oldest first, at most $8, and how many match in all.
+WITH matching AS (
+    SELECT id
+      FROM {schema}.jobs
+     WHERE ($1::text[] IS NULL OR state = ANY($1))
+       AND ($2::text IS NULL OR kind = $2)
+       AND ($3::text IS NULL OR queue = $3)
+       AND ($4::timestamptz IS NULL OR created_at >= $4)
+       AND ($5::timestamptz IS NULL OR created_at < $5)
+       AND ($6::jsonb IS NULL OR payload @> $6)
+       AND ($7::text IS NULL OR strpos(lower(last_error), lower($7)) > 0)
+)
+SELECT (SELECT count(*) FROM matching) AS total,
+       coalesce((SELECT array_agg(id ORDER BY id) FROM (SELECT id FROM matching ORDER BY id LIMIT $8) AS first), '{}')
+         AS ids;

@@ -183,6 +183,12 @@ UPDATE {schema}.outbox
         OR ($1::bigint[] IS NULL AND $3::bool AND ($2::text IS NULL OR starts_with(topic, $2))))
 RETURNING id;
 
+-- name: discard_outbox
+-- Delete unsent outbox rows $1 (pending or failed; a sent row stays): the message is dropped, never delivered.
+DELETE FROM {schema}.outbox
+ WHERE id = ANY($1::bigint[]) AND state <> 'sent'
+RETURNING id;
+
 -- name: prune_outbox
 -- Delete up to $2 rows sent more than $1 seconds ago.
 WITH doomed AS (

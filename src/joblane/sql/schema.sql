@@ -19,6 +19,33 @@ CREATE INDEX attempts_job ON {schema}.attempts USING btree (job_id, attempt);
 CREATE INDEX attempts_model ON {schema}.attempts USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
 CREATE INDEX attempts_outcome ON {schema}.attempts USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
 
+CREATE TABLE {schema}.history_attempts (
+    attempts bigint NOT NULL,
+    kind text NOT NULL,
+    outcome text NOT NULL,
+    queue text NOT NULL,
+    start timestamp with time zone NOT NULL,
+    CONSTRAINT history_attempts_pkey PRIMARY KEY (start, queue, kind, outcome)
+);
+
+CREATE TABLE {schema}.history_latency (
+    bucket smallint NOT NULL,
+    jobs bigint NOT NULL,
+    measure text NOT NULL,
+    queue text NOT NULL,
+    start timestamp with time zone NOT NULL,
+    CONSTRAINT history_latency_measure_check CHECK ((measure = ANY (ARRAY['start'::text, 'finish'::text]))),
+    CONSTRAINT history_latency_pkey PRIMARY KEY (start, queue, measure, bucket)
+);
+
+CREATE TABLE {schema}.history_slices (
+    rolled_at timestamp with time zone DEFAULT now() NOT NULL,
+    seconds integer NOT NULL,
+    start timestamp with time zone NOT NULL,
+    CONSTRAINT history_slices_pkey PRIMARY KEY (start),
+    CONSTRAINT history_slices_seconds_check CHECK ((seconds = ANY (ARRAY[300, 3600])))
+);
+
 CREATE TABLE {schema}.inbox (
     key text NOT NULL,
     received_at timestamp with time zone DEFAULT now() NOT NULL,

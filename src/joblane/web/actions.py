@@ -10,7 +10,8 @@ from ..errors import JoblaneError
 
 
 # Every action the dashboard offers; read-only mode turns them all off.
-ACTIONS = ("retry", "cancel", "release", "reject", "replay", "outbox_retry")
+ACTIONS = ("retry", "cancel", "release", "reject", "replay", "outbox_retry", "outbox_discard", "pause", "limits",
+           "bulk")
 
 
 def parse_json_object(text: str | None, what: str) -> dict[str, Any] | None:
@@ -50,3 +51,32 @@ def replay(app: App, conn: Any, filters: dict[str, Any], payload_patch: dict[str
 
 def outbox_retry(app: App, conn: Any, ids: Sequence[int]) -> list[int]:
     return app.retry_outbox(conn, ids=list(ids))
+
+
+def release_many(app: App, conn: Any, ids: Sequence[int], actor: str) -> list[int]:
+    """Release the held jobs of ``ids`` (one guarded statement); returns those released."""
+    return app.release_held(conn, ids=list(ids), actor=actor)
+
+
+def reject_many(app: App, conn: Any, ids: Sequence[int], reason: str, actor: str) -> list[int]:
+    return app.reject_held(conn, reason, ids=list(ids), actor=actor)
+
+
+def outbox_discard(app: App, conn: Any, ids: Sequence[int]) -> list[int]:
+    return app.discard_outbox(conn, ids=list(ids))
+
+
+def pause(app: App, conn: Any, queue: str, seconds: float, reason: str) -> Any:
+    return app.pause_queue(conn, queue, seconds, reason)
+
+
+def resume(app: App, conn: Any, queue: str) -> bool:
+    return app.resume_queue(conn, queue)
+
+
+def save_limit(app: App, conn: Any, queue: str, options: dict[str, Any]) -> Any:
+    return app.save_limit(conn, queue, **options)
+
+
+def remove_limit(app: App, conn: Any, queue: str) -> bool:
+    return app.remove_limit(conn, queue)

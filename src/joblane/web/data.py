@@ -19,6 +19,12 @@ from ..types import JOB_STATES
 EXACT_COUNT_BYTES = 16 * 1024 * 1024
 THROUGHPUT_MINUTES = 60
 PAGE_SIZE = 50
+# The jobs search reads the primary key newest first in slices of this many ids,
+# at most SEARCH_SLICES slices a page: a search no index serves stays bounded.
+SEARCH_SLICE = 20_000
+IN_FLIGHT_STATES = {"pending", "running", "held", "failed"}  # each has its partial index
+SEARCH_SLICES = 10
+HISTORY_WINDOWS = {"1h": 1, "24h": 24, "7d": 7 * 24}  # hours
 
 
 class Data:
@@ -36,7 +42,9 @@ class Data:
             # commit on their own. Unprepared, so each filter gets its own plan
             # (a generic plan could not use the partial indexes).
             kwargs={"autocommit": True, "prepare_threshold": None,
-                    "options": f"-c statement_timeout={int(statement_timeout_ms)}",
+                    # no JIT: every page is a few short statements, and compiling one (chosen on
+                    # estimates, not real sizes) costs far more than running it
+                    "options": f"-c statement_timeout={int(statement_timeout_ms)} -c jit=off",
                     "application_name": "joblane dashboard"},
             name="joblane-dashboard",
         )
@@ -115,11 +123,14 @@ class Data:
             by_name[p["name"]] = {"worker": p["name"], "role": p["role"], "host": p["host"], "pid": p["pid"],
                                   "version": p["version"], "queues": p["queues"], "concurrency": p["concurrency"],
                                   "jobs": 0, "running": [], "first_lease_left": None, "last_lease_left": None,
-                                  "expired": False, "registered": True,
+                                  "expired": False, "registered": True, "reported_running": p["running"],
+                                  "started_at": p["started_at"], "last_seen": p["last_seen"],
                                   "seen_ago": (now - p["last_seen"]).total_seconds()}
         for w, n, queues, first, last, ids, kinds in self._rows(self.app.store.dashboard_workers(job_sample)):
             row = by_name.setdefault(w, {"worker": w, "role": "worker", "queues": queues, "registered": False,
-                                         "concurrency": None, "seen_ago": None})
+                                         "concurrency": None, "seen_ago": None, "host": None, "pid": None,
+                                         "version": None, "reported_running": None, "started_at": None,
+                                         "last_seen": None})
             row.update({"jobs": n, "first_lease_left": first, "last_lease_left": last,
                         "running": list(zip(ids, kinds)), "expired": first is not None and first < 0})
         return list(by_name.values())
@@ -133,17 +144,63 @@ class Data:
         return [{"queue": q, "seconds_left": left, "reason": reason}
                 for q, left, reason in self._rows(self.app.store.dashboard_paused_queues())]
 
+    def queues(self, failed_window: float = 3600.0) -> list[dict[str, Any]]:
+        """Every queue with jobs, limits or a pause: depth, oldest ready, running, failed lately, limits, pause."""
+        counts = self.queue_counts()
+        rows: dict[str, dict[str, Any]] = {q["queue"]: dict(q) for q in counts["queues"]}
+        blank = {**{s: 0 for s in JOB_STATES}, "oldest_ready": None}
+        for queue, n in self.failed_recent(failed_window).items():
+            rows.setdefault(queue, {"queue": queue, **blank})["failed_recent"] = n
+        with self.connection() as conn:
+            limits = admin.limits(self.app, conn)
+        for lim in limits:
+            rows.setdefault(lim["queue"], {"queue": lim["queue"], **blank})["limit"] = lim
+        for r in rows.values():
+            r.setdefault("failed_recent", 0)
+            r.setdefault("limit", None)
+        return [rows[q] for q in sorted(rows)]
+
+    def failed_recent(self, seconds: float) -> dict[str, int]:
+        return dict(self._rows(self.app.store.dashboard_failed_recent(float(seconds))))
+
     def attempt_outcomes(self, seconds: float) -> dict[str, int]:
         return dict(self._rows(self.app.store.dashboard_attempt_outcomes(float(seconds))))
 
     # -- jobs ---------------------------------------------------------------
 
-    def list_jobs(self, *, state=None, kind=None, queue=None, since=None, until=None, before_id=None,
-                  limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
+    def search_jobs(self, search: dict[str, Any], *, before_id: int | None = None,
+                    limit: int = PAGE_SIZE) -> tuple[list[dict[str, Any]], int | None]:
+        """Jobs newest first matching a search (see ``search_args``), read in slices of ids; and, when the
+        slices of one page ran out before ``limit`` rows matched, the id the search stopped at (older ids
+        not searched yet), else None."""
         keys = ("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "run_after", "last_error",
                 "created_at", "finished_at", "worker", "replay_of", "payload_preview")
-        rows = self._rows(self.app.store.dashboard_list_jobs(state, kind, queue, since, until, before_id, limit))
-        return [dict(zip(keys, r)) for r in rows]
+        args = search_args(search)
+        states = search.get("states") or []
+        narrowed = any(search.get(k) for k in ("kind", "queue", "since", "until", "payload", "error"))
+        if (states and set(states) <= IN_FLIGHT_STATES) or not narrowed:
+            # a partial index holds just these states (work in flight, failures), or nothing filters: newest
+            # first down the primary key stops at the first rows; either way one statement is bounded
+            rows = self._rows(self.app.store.dashboard_search_jobs(*args, before_id, limit, None))
+            return [dict(zip(keys, r)) for r in rows], None
+        low, high = self._rows(self.app.store.dashboard_job_id_range())[0]
+        if low is None:
+            return [], None
+        top = min(before_id, high + 1) if before_id is not None else high + 1
+        rows: list[tuple] = []
+        for _ in range(SEARCH_SLICES):
+            if top <= low or len(rows) >= limit:
+                break
+            bottom = max(low, top - SEARCH_SLICE)
+            rows += self._rows(self.app.store.dashboard_search_jobs(*args, top, limit - len(rows), bottom))
+            top = bottom
+        stopped = top if len(rows) < limit and top > low else None
+        return [dict(zip(keys, r)) for r in rows], stopped
+
+    def search_ids(self, search: dict[str, Any], limit: int) -> tuple[int, list[int]]:
+        """How many jobs match a search in all, and the ids of the first ``limit`` of them (oldest first)."""
+        total, ids = self._rows(self.app.store.dashboard_search_ids(*search_args(search), limit))[0]
+        return total, list(ids)
 
     def job(self, job_id: int) -> dict[str, Any] | None:
         with self.connection() as conn:
@@ -171,19 +228,103 @@ class Data:
                         "result": json.loads(result) if result else None})
         return out
 
+    # -- history ------------------------------------------------------------
+
+    def history(self, window: str) -> dict[str, Any]:
+        """Attempts by outcome per queue and kind, and latency percentiles per queue, over ``window``.
+
+        1h is the last hour to five minutes; 24h and 7d are whole UTC hours (the
+        current one and those before it). Each reads the roll-ups the workers'
+        history service made of its slices, and the attempts of the minutes no
+        slice covers (the last few, or all of them when no worker has run).
+        """
+        hours = HISTORY_WINDOWS[window]
+        now = dt.datetime.now(dt.timezone.utc)
+        if hours == 1:
+            since = now.replace(minute=now.minute - now.minute % 5, second=0, microsecond=0) - dt.timedelta(minutes=55)
+        else:
+            since = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=hours - 1)
+        slices = self._rows(self.app.store.history_slices_since(since))
+        starts, gaps_from, gaps_to = [], [], []
+        cursor = since
+        for start, seconds in slices:
+            if start > cursor:
+                gaps_from.append(cursor)
+                gaps_to.append(start)
+            starts.append(start)
+            cursor = max(cursor, start + dt.timedelta(seconds=seconds))
+        gaps_from.append(cursor)
+        gaps_to.append(now + dt.timedelta(days=1))  # to the end: whatever finishes while we read
+        by_kind: dict[tuple[str, str], dict[str, Any]] = {}
+        for queue, kind, outcome, n in self._rows(self.app.store.history_counts(starts, gaps_from, gaps_to)):
+            row = by_kind.setdefault((queue, kind), {"queue": queue, "kind": kind, "done": 0, "failed": 0,
+                                                     "retry": 0, "other": 0, "attempts": 0})
+            row[outcome if outcome in ("done", "failed", "retry") else "other"] += n
+            row["attempts"] += n
+        buckets: dict[tuple[str, str], dict[int, int]] = {}
+        for queue, measure, bucket, n in self._rows(self.app.store.history_latency_buckets(starts, gaps_from,
+                                                                                           gaps_to)):
+            buckets.setdefault((queue, measure), {})[bucket] = n
+        latency = []
+        for queue in sorted({q for q, _ in buckets}):
+            entry: dict[str, Any] = {"queue": queue}
+            for measure in ("start", "finish"):
+                hist = buckets.get((queue, measure), {})
+                entry[measure] = {"jobs": sum(hist.values()), "p50": percentile(hist, 0.50),
+                                  "p95": percentile(hist, 0.95)}
+            latency.append(entry)
+        rows = [by_kind[k] for k in sorted(by_kind)]
+        totals = {k: sum(r[k] for r in rows) for k in ("done", "failed", "retry", "other", "attempts")}
+        unrolled = sum((min(t, now) - f).total_seconds() for f, t in zip(gaps_from, gaps_to))
+        return {"window": window, "since": since, "rows": rows, "totals": totals, "latency": latency,
+                "slices": len(starts), "unrolled_seconds": max(0.0, unrolled)}
+
     # -- outbox -------------------------------------------------------------
 
     def outbox_topics(self, sent_window: float = 3600.0) -> list[dict[str, Any]]:
+        """Per topic: pending, retrying (pending after a failed try), failed, sent lately, oldest unsent age."""
         topics: dict[str, dict[str, Any]] = {}
-        for topic, state, n, lag in self._rows(self.app.store.dashboard_outbox_topics(sent_window)):
-            t = topics.setdefault(topic, {"topic": topic, "pending": 0, "failed": 0, "sent": 0, "lag": None})
+        for topic, state, n, oldest in self._rows(self.app.store.dashboard_outbox_topics(sent_window)):
+            t = topics.setdefault(topic, {"topic": topic, "pending": 0, "retrying": 0, "failed": 0, "sent": 0,
+                                          "lag": None})
             t[state] = n
-            if lag is not None:
-                t["lag"] = max(0.0, float(lag))
+            if oldest is not None:
+                t["lag"] = max(t["lag"] or 0.0, float(oldest), 0.0)
         return [topics[t] for t in sorted(topics)]
+
+    def outbox_retrying(self, *, topic: str | None = None, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
+        keys = ("id", "topic", "key", "attempts", "max_attempts", "run_after", "last_error", "created_at")
+        return [dict(zip(keys, r)) for r in self._rows(self.app.store.dashboard_outbox_retrying(topic, limit))]
+
+    def outbox_message(self, message_id: int) -> dict[str, Any] | None:
+        with self.connection() as conn:
+            return admin.outbox_message(self.app, message_id, conn)
 
     def outbox_failed(self, *, before_id: int | None = None, topic: str | None = None,
                       limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
         keys = ("id", "topic", "key", "idempotency_key", "attempts", "last_error", "created_at", "payload_preview")
         rows = self._rows(self.app.store.dashboard_outbox_failed(before_id, topic, limit))
         return [dict(zip(keys, r)) for r in rows]
+
+
+def search_args(search: dict[str, Any]) -> tuple:
+    """The filter parameters of the search queries: states, kind, queue, since, until, payload JSON, error text."""
+    payload = search.get("payload")
+    return (search.get("states") or None, search.get("kind") or None, search.get("queue") or None,
+            search.get("since"), search.get("until"),
+            json.dumps(payload) if payload else None, search.get("error") or None)
+
+
+def percentile(hist: dict[int, int], q: float) -> float | None:
+    """The ``q`` quantile, in seconds, of a latency histogram (bucket b: 2^(b/2) to 2^((b+1)/2) ms): the upper
+    edge of the bucket it falls in, so the figure is never below the true one."""
+    total = sum(hist.values())
+    if not total:
+        return None
+    rank = q * total
+    seen = 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= rank:
+            return 2 ** ((bucket + 1) / 2) / 1000.0
+    return 2 ** ((max(hist) + 1) / 2) / 1000.0

@@ -30,8 +30,18 @@ class JoblaneCollector(Collector):
             for state in INDEXED_STATES:
                 jobs.add_metric([q["queue"], state], q[state])
             oldest.add_metric([q["queue"]], q["oldest_ready"] or 0.0)
+        depth = GaugeMetricFamily("joblane_queue_depth", "Pending jobs per queue (ready now or scheduled).",
+                                  labels=["queue"])
+        for q in counts["queues"]:
+            depth.add_metric([q["queue"]], q["pending"])
         yield jobs
         yield oldest
+        yield depth
+        failed_recent = GaugeMetricFamily("joblane_jobs_failed_last_hour",
+                                          "Jobs that failed for good in the last hour, per queue.", labels=["queue"])
+        for queue, n in self.data.failed_recent(3600.0).items():
+            failed_recent.add_metric([queue], n)
+        yield failed_recent
         finished = GaugeMetricFamily(
             "joblane_jobs_finished", "Done and cancelled jobs kept in the table (the planner's estimate on big tables).",
             labels=["state", "exact"])
@@ -47,6 +57,12 @@ class JoblaneCollector(Collector):
         yield attempts
 
         workers = self.data.workers(job_sample=1)
+        alive = GaugeMetricFamily("joblane_processes_alive",
+                                  "Workers and relays registered and heartbeating (dead ones drop off after a lease).",
+                                  labels=["role"])
+        for role in ("worker", "relay"):
+            alive.add_metric([role], sum(1 for w in workers if w["registered"] and w["role"] == role))
+        yield alive
         live = GaugeMetricFamily("joblane_workers_with_leases", "Workers holding at least one running job.")
         live.add_metric([], sum(1 for w in workers if not w["expired"]))
         yield live
@@ -58,14 +74,22 @@ class JoblaneCollector(Collector):
         messages = GaugeMetricFamily("joblane_outbox_messages",
                                      "Outbox rows per topic: pending and failed (exact), sent in the last hour.",
                                      labels=["topic", "state"])
-        lag = GaugeMetricFamily("joblane_outbox_lag_seconds", "Age of the oldest pending outbox row, per topic.",
-                                labels=["topic"])
+        lag = GaugeMetricFamily("joblane_outbox_lag_seconds",
+                                "Age of the oldest unsent (pending or failed) outbox row, per topic.", labels=["topic"])
+        unsent = GaugeMetricFamily("joblane_outbox_unsent", "Outbox rows not sent yet (pending and failed), per topic.",
+                                   labels=["topic"])
+        retrying = GaugeMetricFamily("joblane_outbox_retrying",
+                                     "Pending outbox rows whose last try failed, per topic.", labels=["topic"])
         for t in self.data.outbox_topics():
             for state in ("pending", "failed", "sent"):
                 messages.add_metric([t["topic"], state], t[state])
             lag.add_metric([t["topic"]], t["lag"] or 0.0)
+            unsent.add_metric([t["topic"]], t["pending"] + t["failed"])
+            retrying.add_metric([t["topic"]], t["retrying"])
         yield messages
         yield lag
+        yield unsent
+        yield retrying
 
 
 def registry_for(data: Data) -> CollectorRegistry:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote, unquote, urlencode
@@ -28,7 +29,7 @@ from ..rules import first_line, format_age, hold_reason, parse_when
 from ..types import JOB_STATES
 from . import actions
 from .charts import throughput_chart
-from .data import PAGE_SIZE, Data
+from .data import HISTORY_WINDOWS, PAGE_SIZE, Data
 from .metrics import registry_for, render
 from .security import AUTH_COOKIE, CSRF_COOKIE, CSRF_FIELD, Guard, safe_next
 
@@ -36,8 +37,13 @@ HERE = Path(__file__).resolve().parent
 FLASH_COOKIE = "joblane_flash"
 REFRESH_SECONDS = 5
 MAX_IDS_PER_ACTION = 1000
+MAX_BULK = 100_000  # jobs one bulk action may touch; more asks for a narrower search
+SEARCH_FIELDS = ("state", "kind", "queue", "since", "until", "payload", "error")
+# The states each bulk action takes jobs from (the guarded statements check them again).
+BULK_STATES = {"retry": ("failed", "cancelled"), "cancel": ("pending", "held", "running"), "release": ("held",),
+               "reject": ("held",), "replay": ("done", "failed", "cancelled")}
 
-CSP = ("default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' data:; "
+CSP = ("default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 
 
@@ -73,6 +79,17 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+def seconds(value: float | None) -> str:
+    """A latency: ms under a second, else seconds, minutes, hours."""
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    return age(value)
+
+
 def count(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
@@ -97,6 +114,86 @@ def parse_ids(values: list[str]) -> list[int]:
     if len(ids) > MAX_IDS_PER_ACTION:
         raise JoblaneError(f"{len(ids)} ids in one action; the limit is {MAX_IDS_PER_ACTION}")
     return sorted(set(ids))
+
+
+def parse_payload_filter(text: str | None) -> dict[str, Any] | None:
+    """A payload search: a JSON object (containment, jsonb @>) or ``key=value`` pairs (dotted keys nest; values
+    are JSON when they parse, else text), e.g. ``tenant=acme usage.model="small-1" retries=3``."""
+    if not text or not text.strip():
+        return None
+    text = text.strip()
+    if text.startswith("{"):
+        return actions.parse_json_object(text, "payload")
+    try:
+        pairs = shlex.split(text)
+    except ValueError as exc:
+        raise JoblaneError(f"payload: {exc}") from None
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise JoblaneError(f"payload: use key=value (or a JSON object like {{\"tenant\": \"acme\"}}), got {pair!r}")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        node = found
+        *path, last = key.split(".")
+        for part in path:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise JoblaneError(f"payload: {key!r} conflicts with another key")
+            node = nxt
+        node[last] = parsed
+    return found
+
+
+def bulk_search(search: dict[str, Any], verb: str) -> dict[str, Any]:
+    """The search narrowed to the states ``verb`` acts on (the chosen state, if the action takes it)."""
+    allowed = BULK_STATES[verb]
+    chosen_states = search.get("states")
+    if chosen_states:
+        wrong = [s for s in chosen_states if s not in allowed]
+        if wrong:
+            raise HTTPException(400, f"{verb} acts on {' or '.join(allowed)} jobs, not {wrong[0]} ones")
+        return search
+    return {**search, "states": list(allowed)}
+
+
+def pause_seconds(text: str) -> float:
+    """How long a pause lasts: ``90s``, ``5m``, ``1h``, ``2d``."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        seconds = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise JoblaneError(f"pause for how long? use 90s, 5m, 1h or 2d, got {text!r}") from None
+    if not 0 < seconds <= 30 * 86400:
+        raise JoblaneError("a pause lasts from 1 second to 30 days")
+    return seconds
+
+
+def limit_options(form: Any) -> dict[str, Any]:
+    """The limits form: rate (starts per interval), concurrency, weighted cost with its estimate field."""
+    options: dict[str, Any] = {}
+    rate = str(form.get("rate") or "").strip()
+    if rate:
+        options["rate"] = rate
+    concurrency = str(form.get("concurrency") or "").strip()
+    if concurrency:
+        try:
+            options["concurrency"] = int(concurrency)
+        except ValueError:
+            raise JoblaneError(f"concurrency must be a whole number, got {concurrency!r}") from None
+    cost = str(form.get("cost") or "").strip()
+    if cost:
+        options["cost"] = cost
+        estimate = str(form.get("estimate") or "").strip()
+        if estimate:
+            options["estimate"] = estimate
+    if not options:
+        raise JoblaneError("give a limit: starts per interval (10/s), concurrency, or a weighted cost (90000/min)")
+    return options
 
 
 def _int_param(request: Request, name: str) -> int | None:
@@ -192,14 +289,16 @@ class Dashboard:
             lstrip_blocks=True,
         )
         env.filters.update(age=age, since=since, when=when, pretty_json=pretty_json, count=count, duration=duration,
-                           hold_reason=hold_reason, compact_json=compact_json)
+                           hold_reason=hold_reason, compact_json=compact_json, seconds=seconds)
         self.templates = Jinja2Templates(env=env)
         self.capabilities = dict.fromkeys(actions.ACTIONS, True)
 
     # -- plumbing ---------------------------------------------------------
 
-    def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
-        flash = request.cookies.get(FLASH_COOKIE)
+    def render(self, request: Request, name: str, status: int = 200, *, fragment: bool = False,
+               **context: Any) -> Response:
+        """A page (or, with ``fragment``, a piece of one that leaves the flash message for the page)."""
+        flash = None if fragment else request.cookies.get(FLASH_COOKIE)
         message = None
         if flash:
             kind, _, text = unquote(flash).partition(":")
@@ -252,43 +351,61 @@ class Dashboard:
 
     # -- pages --------------------------------------------------------------
 
-    async def overview(self, request: Request) -> Response:
+    async def overview_data(self) -> dict[str, Any]:
         def load() -> dict[str, Any]:
             return {"counts": self.data.queue_counts(), "minutes": self.data.throughput(),
                     "workers": self.data.workers(), "outbox": self.data.outbox_topics(),
                     "paused": self.data.paused_queues()}
 
         loaded = await self.db(load)
+        return {**loaded, "chart": throughput_chart(loaded["minutes"]), "states": JOB_STATES}
+
+    async def overview(self, request: Request) -> Response:
         refresh = _int_param(request, "refresh")
         refresh_seconds = self.refresh_seconds if refresh is None else max(0, min(3600, refresh))
-        return self.render(request, "overview.html", **loaded, chart=throughput_chart(loaded["minutes"]),
-                           refresh_seconds=refresh_seconds, states=JOB_STATES)
+        return self.render(request, "overview.html", **await self.overview_data(), refresh_seconds=refresh_seconds)
+
+    async def overview_live(self, request: Request) -> Response:
+        """The overview's live block alone: what the page's script swaps in at each refresh."""
+        return self.render(request, "overview_live.html", fragment=True, **await self.overview_data())
 
     async def jobs(self, request: Request) -> Response:
-        q = request.query_params
-        state = q.get("state") or None
-        if state is not None and state not in JOB_STATES:
-            raise HTTPException(400, f"unknown state {state!r}: use one of {', '.join(JOB_STATES)}")
-        filters = {"state": state, "kind": q.get("kind") or None, "queue": q.get("queue") or None,
-                   "since": q.get("since") or "", "until": q.get("until") or ""}
+        raw, search, error = self.search_of(request.query_params)
         before = _int_param(request, "before")
-        error = None
         rows: list[dict[str, Any]] = []
-        try:
-            start = parse_time(filters["since"], "since")
-            end = parse_time(filters["until"], "until")
-            rows = await self.db(lambda: self.data.list_jobs(
-                state=state, kind=filters["kind"], queue=filters["queue"], since=start, until=end,
-                before_id=before, limit=PAGE_SIZE + 1))
-        except JoblaneError as exc:
-            error = str(exc)
+        stopped = None
+        if error is None:
+            try:
+                rows, stopped = await self.db(
+                    lambda: self.data.search_jobs(search, before_id=before, limit=PAGE_SIZE + 1))
+            except psycopg.errors.QueryCanceled:
+                error = "the search took too long: narrow it (a queue, a kind, a state or a time range)"
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
-        keep = {k: v for k, v in filters.items() if v}
+        keep = {k: v for k, v in raw.items() if v}
         next_url = ("/jobs?" + urlencode({**keep, "before": rows[-1]["id"]})) if more else None
+        if stopped is not None:  # this page's slices ran out: older jobs are not searched yet
+            next_url = "/jobs?" + urlencode({**keep, "before": stopped})
         first_url = ("/jobs?" + urlencode(keep)) if before is not None else None
-        return self.render(request, "jobs.html", jobs=rows, filters=filters, states=JOB_STATES, error=error,
-                           next_url=next_url, first_url=first_url)
+        return self.render(request, "jobs.html", jobs=rows, filters=raw, states=JOB_STATES, error=error,
+                           next_url=next_url, first_url=first_url, query=urlencode(keep), stopped=stopped,
+                           bulk_actions=BULK_STATES)
+
+    def search_of(self, params: Any) -> tuple[dict[str, str], dict[str, Any], str | None]:
+        """A jobs search from query or form fields: (the fields as typed, the parsed search, an error or None)."""
+        raw = {key: str(params.get(key) or "").strip() for key in SEARCH_FIELDS}
+        state = raw["state"] or None
+        if state is not None and state not in JOB_STATES:
+            raise HTTPException(400, f"unknown state {state!r}: use one of {', '.join(JOB_STATES)}")
+        search: dict[str, Any] = {"states": [state] if state else None, "kind": raw["kind"] or None,
+                                  "queue": raw["queue"] or None, "error": raw["error"] or None}
+        try:
+            search["since"] = parse_time(raw["since"], "since")
+            search["until"] = parse_time(raw["until"], "until")
+            search["payload"] = parse_payload_filter(raw["payload"])
+        except JoblaneError as exc:
+            return raw, search, str(exc)
+        return raw, search, None
 
     async def job(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]
@@ -317,6 +434,7 @@ class Dashboard:
 
         def load() -> dict[str, Any]:
             return {"topics": self.data.outbox_topics(),
+                    "retrying": self.data.outbox_retrying(topic=topic),
                     "failed": self.data.outbox_failed(before_id=before, topic=topic, limit=PAGE_SIZE + 1)}
 
         loaded = await self.db(load)
@@ -326,7 +444,45 @@ class Dashboard:
         keep = {"topic": topic} if topic else {}
         next_url = ("/outbox?" + urlencode({**keep, "before": failed[-1]["id"]})) if more else None
         return self.render(request, "outbox.html", topics=loaded["topics"], failed=failed, topic=topic,
+                           retrying=loaded["retrying"],
                            next_url=next_url)
+
+    async def workers_page(self, request: Request) -> Response:
+        workers = await self.db(lambda: self.data.workers(job_sample=8))
+        return self.render(request, "workers.html", workers=workers)
+
+    async def queues_page(self, request: Request) -> Response:
+        queues = await self.db(self.data.queues)
+        return self.render(request, "queues.html", queues=queues)
+
+    async def history_page(self, request: Request) -> Response:
+        window = request.query_params.get("window") or "24h"
+        if window not in HISTORY_WINDOWS:
+            raise HTTPException(400, f"unknown window {window!r}: use one of {', '.join(HISTORY_WINDOWS)}")
+        history = await self.db(self.data.history, window)
+        return self.render(request, "history.html", h=history, windows=list(HISTORY_WINDOWS))
+
+    async def outbox_message(self, request: Request) -> Response:
+        message_id = request.path_params["message_id"]
+        message = await self.db(self.data.outbox_message, message_id)
+        if message is None:
+            raise HTTPException(404, f"no outbox message {message_id} in schema {self.app.schema}")
+        return self.render(request, "outbox_message.html", m=message)
+
+    async def bulk_page(self, request: Request) -> Response:
+        """What a bulk action would do to every job a search matches: the count, before confirming."""
+        verb = request.query_params.get("action") or ""
+        if verb not in BULK_STATES:
+            raise HTTPException(400, f"unknown action {verb!r}: use one of {', '.join(BULK_STATES)}")
+        raw, search, error = self.search_of(request.query_params)
+        total, sample = 0, []
+        if error is None:
+            search = bulk_search(search, verb)
+            total, sample = await self.db(lambda: self.data.search_ids(search, 20))
+        keep = {k: v for k, v in raw.items() if v}
+        return self.render(request, "bulk.html", verb=verb, filters=raw, error=error, total=total, sample=sample,
+                           states=search.get("states") or BULK_STATES[verb], back="/jobs?" + urlencode(keep),
+                           limit=MAX_BULK)
 
     async def replay_page(self, request: Request) -> Response:
         """The replay form; ``?ids=...&preview=1`` (from a job's page) opens it with a dry run shown."""
@@ -470,6 +626,100 @@ class Dashboard:
         done_ids = list(done) if isinstance(done, (list, tuple)) else ids
         return self.back(target, summary("re-queued", ids, done_ids, noun="message"))
 
+    async def act_bulk(self, request: Request) -> Response:
+        """Apply an action to every job a search matches (in the states the action takes), not just one page."""
+        form = await self.action_form(request)
+        verb = str(form.get("action") or "")
+        if verb not in BULK_STATES:
+            raise HTTPException(400, f"unknown action {verb!r}: use one of {', '.join(BULK_STATES)}")
+        raw, search, error = self.search_of(form)
+        keep = {k: v for k, v in raw.items() if v}
+        target = "/jobs?" + urlencode(keep)
+        if error is not None:
+            return self.back(target, error, error=True)
+        search = bulk_search(search, verb)
+        if not any(search.get(k) for k in ("kind", "queue", "since", "until", "payload", "error")) and not raw["state"]:
+            return self.back(target, f"{verb} on every job needs a search: a state, queue, kind, time, payload"
+                                     " or error", error=True)
+        total, ids = await self.db(lambda: self.data.search_ids(search, MAX_BULK + 1))
+        if total > MAX_BULK:
+            return self.back(target, f"{total:,} jobs match; act on at most {MAX_BULK:,} at once: narrow the search",
+                             error=True)
+        actor = self.actor(request)
+        reason = str(form.get("reason") or "").strip() or f"{verb} from the dashboard"
+
+        def run(conn: Any) -> list[int]:
+            done: list[int] = []
+            for start in range(0, len(ids), MAX_IDS_PER_ACTION):
+                chunk = ids[start:start + MAX_IDS_PER_ACTION]
+                if verb == "retry":
+                    done += actions.retry(self.app, conn, chunk)
+                elif verb == "cancel":
+                    done += actions.cancel(self.app, conn, chunk, actor)
+                elif verb == "release":
+                    done += actions.release_many(self.app, conn, chunk, actor)
+                elif verb == "reject":
+                    done += actions.reject_many(self.app, conn, chunk, reason, actor)
+                else:
+                    done += replay_ids(actions.replay(self.app, conn, {"ids": chunk}, None, dry_run=False))
+            return done
+
+        try:
+            done = await self.db(self.with_conn(run))
+        except JoblaneError as exc:
+            return self.back(target, str(exc), error=True)
+        past = {"retry": "retried", "cancel": "cancelled", "release": "released", "reject": "rejected",
+                "replay": "replayed"}[verb]
+        text = f"{past} {len(done):,} of {total:,} matching job{'s' if total != 1 else ''}"
+        if verb == "replay" and done:
+            text += " as new jobs"
+        if len(done) < total:
+            text += f"; {total - len(done):,} changed state meanwhile and were left alone"
+        return self.back(target, text)
+
+    async def act_queue(self, request: Request) -> Response:
+        """Pause, resume, or set or clear the limits of a queue, for every worker at once."""
+        verb = request.path_params["verb"]
+        if verb not in ("pause", "resume", "limits", "unlimit"):
+            raise HTTPException(404, f"no queue action {verb!r}: use pause, resume, limits or unlimit")
+        form = await self.action_form(request)
+        queue = str(form.get("queue") or "").strip()
+        target = "/queues"
+        if not queue:
+            return self.back(target, "name the queue", error=True)
+        try:
+            if verb == "pause":
+                seconds = pause_seconds(str(form.get("for") or ""))
+                reason = str(form.get("reason") or "").strip() or "paused from the dashboard"
+                await self.db(self.with_conn(lambda conn: actions.pause(self.app, conn, queue, seconds, reason)))
+                return self.back(target, f"paused {queue} for {age(seconds)}")
+            if verb == "resume":
+                was = await self.db(self.with_conn(lambda conn: actions.resume(self.app, conn, queue)))
+                return self.back(target, f"resumed {queue}" if was else f"{queue} was not paused", error=not was)
+            if verb == "unlimit":
+                had = await self.db(self.with_conn(lambda conn: actions.remove_limit(self.app, conn, queue)))
+                return self.back(target, f"removed the limits of {queue}" if had else f"{queue} has no limits",
+                                 error=not had)
+            options = limit_options(form)
+            limit = await self.db(self.with_conn(lambda conn: actions.save_limit(self.app, conn, queue, options)))
+            return self.back(target, f"{queue}: {limit.describe()}")
+        except JoblaneError as exc:
+            return self.back(target, str(exc), error=True)
+
+    async def act_outbox_discard(self, request: Request) -> Response:
+        form = await self.action_form(request)
+        target = str(form.get("next") or "/outbox")
+        try:
+            ids = chosen(form)
+            if not ids:
+                return self.back(target, "tick at least one message to discard", error=True)
+            done = await self.db(self.with_conn(lambda conn: actions.outbox_discard(self.app, conn, ids)))
+        except JoblaneError as exc:
+            return self.back(target, str(exc), error=True)
+        if target.startswith("/outbox/") and done:
+            target = "/outbox"  # the message's own page is gone
+        return self.back(target, summary("discarded", ids, done, noun="message"))
+
     # -- sign-in ------------------------------------------------------------
 
     async def login(self, request: Request) -> Response:
@@ -516,7 +766,14 @@ class Dashboard:
     def routes(self) -> list[Any]:
         return [
             Route("/", self.overview, methods=["GET"]),
+            Route("/live/overview", self.overview_live, methods=["GET"]),
+            Route("/workers", self.workers_page, methods=["GET"]),
+            Route("/queues", self.queues_page, methods=["GET"]),
+            Route("/history", self.history_page, methods=["GET"]),
+            Route("/queues/{verb:str}", self.act_queue, methods=["POST"]),
             Route("/jobs", self.jobs, methods=["GET"]),
+            Route("/jobs/bulk", self.bulk_page, methods=["GET"]),
+            Route("/jobs/bulk", self.act_bulk, methods=["POST"]),
             Route("/jobs/{job_id:int}", self.job, methods=["GET"]),
             Route("/jobs/{verb:str}", self.act_jobs, methods=["POST"]),
             Route("/review", self.review, methods=["GET"]),
@@ -526,6 +783,8 @@ class Dashboard:
             Route("/replay/preview", self.replay_preview, methods=["POST"]),
             Route("/outbox", self.outbox, methods=["GET"]),
             Route("/outbox/retry", self.act_outbox, methods=["POST"]),
+            Route("/outbox/discard", self.act_outbox_discard, methods=["POST"]),
+            Route("/outbox/{message_id:int}", self.outbox_message, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/login", self.login, methods=["GET", "POST"]),
             Route("/logout", self.logout, methods=["POST"]),

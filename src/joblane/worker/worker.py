@@ -27,7 +27,7 @@ import asyncpg
 from .. import store, telemetry
 from ..errors import JoblaneError, SchemaVersionError
 from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
-from ..maintenance import Pruner, Rescuer, Scheduler
+from ..maintenance import History, Pruner, Rescuer, Scheduler
 from ..migrations import check_async
 from ..notifier import Notifier
 from ..rules import check_queue, first_line, plural, tally
@@ -146,6 +146,7 @@ class Worker:
         self.rescuer = Rescuer(self.store, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
         self.pruner = Pruner(self.store, retention=retention_seconds, prune_failed=prune_failed,
                              interval=prune_interval)
+        self.history = History(self.store)  # roll-ups of the attempts, for the dashboard's history page
         self.scheduler: Scheduler | None = None  # made at run() when the app has periodic schedules
 
         self._active: dict[int, tuple[asyncio.Task, Job]] = {}
@@ -364,6 +365,7 @@ class Worker:
             asyncio.create_task(self._loop_watch.run(services_done), name="loop-watch"),
             asyncio.create_task(self.rescuer.run(self._pool, self._stopping), name="rescuer"),
             asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="pruner"),
+            asyncio.create_task(self.history.run(self._pool, self._stopping), name="history"),
             asyncio.create_task(self.limiter.run(self._stopping), name="limiter"),
         ]
         if self.app.periodic_tasks:  # every worker runs the scheduler; each tick is enqueued once
