@@ -70,6 +70,10 @@ def get_job(app: Any, job_id: int, conn: Any = None) -> dict[str, Any] | None:
         for a, w, s, f, o, e, m in store.fetch(conn, app.store.job_attempts(job_id))
     ]
     job["replays"] = [{"id": i, "state": s} for i, s in store.fetch(conn, app.store.job_replays(job_id))]
+    job["waiting_on"] = []  # the budgets whose cap holds this pending job back
+    if job["state"] == "pending":
+        job["waiting_on"] = [b for b in _budget_rows(store.fetch(conn, app.store.budget_spend(job_id)))
+                             if b["spent"] + b["in_flight"] >= b["cap"]]
     return job
 
 
@@ -379,6 +383,42 @@ def pause_queue(app: Any, conn: Any, queue: str, seconds: float, reason: str | N
 
 def resume_queue(app: Any, conn: Any, queue: str) -> bool:
     return bool(_rows(app, conn, app.store.resume_queue(queue)))
+
+
+# -- budgets (spend caps) ----------------------------------------------------------------
+
+_BUDGET_KEYS = ("budget", "queue", "cap", "window_seconds", "key_field", "estimate_field", "default_estimate",
+                "cost_field", "window_start", "window_end", "key", "spent", "in_flight", "waiting")
+
+
+def _budget_rows(rows: list[tuple]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        item = dict(zip(_BUDGET_KEYS, row))
+        item["at_cap"] = item["key"] is not None and item["spent"] + item["in_flight"] >= item["cap"]
+        out.append(item)
+    return out
+
+
+def budget_status(app: Any, conn: Any = None) -> list[dict[str, Any]]:
+    """Every budget with each key's spend in its current window (settled, in flight) and the jobs it holds back;
+    a budget with no spend yet has one row with key None."""
+    return _budget_rows(_rows(app, conn, app.store.budget_spend(None)))
+
+
+def save_budget(app: Any, budget: Any, conn: Any = None) -> None:
+    """Write ``budget`` (a budgets.Budget), replacing the one of that name."""
+    _rows(app, conn, app.store.upsert_budget(*budget.args()))
+
+
+def set_budget_cap(app: Any, name: str, cap: Any, conn: Any = None) -> bool:
+    from .budgets import check_cap
+
+    return bool(_rows(app, conn, app.store.set_budget_cap(name, check_cap(cap))))
+
+
+def remove_budget(app: Any, name: str, conn: Any = None) -> bool:
+    return bool(_rows(app, conn, app.store.delete_budget(name)))
 
 
 # -- the outbox -----------------------------------------------------------------------

@@ -78,6 +78,7 @@ class App:
         self.declared: dict[str, Task] = {}
         self.periodic_tasks: dict[str, Any] = {}  # schedule name -> periodic.Schedule
         self.rate_limits: dict[str, Any] = {}  # queue -> ratelimit.Limit, written by every worker at start
+        self.budgets: dict[str, Any] = {}  # name -> budgets.Budget, written by every worker at start
         self.queries: Queries = for_schema(self.schema)
         self.store: store.Store = store.for_schema_store(self.schema)
         self.channel = f"{self.schema}_jobs"
@@ -487,6 +488,25 @@ class App:
         limit = make_limit(queue, **options)
         self.rate_limits[queue] = limit
         return limit
+
+    def budget(self, name: str, **options: Any) -> Any:
+        """Cap the spend of a queue's jobs per key for every worker: ``app.budget("openai", queue="leads",
+        per_day=20.0, key="tenant", estimate="estimated_cost")``.
+
+        Written to the database by each worker at start. See joblane.budgets.
+        """
+        from .budgets import make_budget
+
+        budget = make_budget(name, **options)
+        if budget.queue in self.rate_limits:
+            raise JoblaneError(f"queue {budget.queue!r} has rate limits (app.limit): a queue takes limits or "
+                               f"budgets, not both")
+        self.budgets[name] = budget
+        return budget
+
+    def budget_status(self, conn: Any = None) -> list[dict[str, Any]]:
+        """Every budget with each key's spend in the current window (see joblane.budgets)."""
+        return admin.budget_status(self, conn)
 
     def pause_queue(self, conn: Any, queue: str, seconds: float, reason: str | None = None) -> dt.datetime:
         """Stop every worker from starting jobs of ``queue`` for ``seconds``; returns when the pause ends."""

@@ -361,6 +361,34 @@ class Store:
     def queue_limits_status(self) -> Statement:
         return self._s("queue_limits_status")
 
+    # -- ai.sql: budgets, cached steps, the dataset export, replay comparisons ---
+
+    def upsert_budget(self, name, queue, cap, window_seconds, key_path, estimate_path, default_estimate,
+                      cost_field) -> Statement:
+        return self._s("upsert_budget", name, queue, cap, window_seconds, key_path, estimate_path,
+                       default_estimate, cost_field)
+
+    def set_budget_cap(self, name, cap) -> Statement:
+        return self._s("set_budget_cap", name, cap)
+
+    def delete_budget(self, name) -> Statement:
+        return self._s("delete_budget", name)
+
+    def budgeted_queues(self, queues) -> Statement:
+        return self._s("budgeted_queues", queues)
+
+    def lock_budgets(self, queue) -> Statement:
+        return self._s("lock_budgets", queue)
+
+    def fold_budget_holds(self, queue) -> Statement:
+        return self._s("fold_budget_holds", queue)
+
+    def claim_jobs_budgeted(self, queue, limit, worker, lease_seconds) -> Statement:
+        return self._s("claim_jobs_budgeted", queue, limit, worker, lease_seconds)
+
+    def budget_spend(self, job_id) -> Statement:
+        return self._s("budget_spend", job_id)
+
     # -- periodic.sql: the scheduler --------------------------------------------
 
     def latest_periodic_ticks(self, names) -> Statement:

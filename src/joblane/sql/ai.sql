@@ -1,0 +1,205 @@
+-- Named queries of spend caps (budgets), cached steps, the dataset export and replay comparisons (ai.py).
+-- {schema} is the validated, quoted schema name; every value is a $n parameter.
+--
+-- A budget's window is fixed: window_seconds long from the epoch, or the
+-- calendar month in UTC when window_seconds is NULL. Each query computes the
+-- current window's start (ws) and end (we) from the same expression.
+--
+-- A queue with budgets is claimed in one short transaction per claim:
+-- lock_budgets, fold_budget_holds, then claim_jobs_budgeted; the lock
+-- serialises the budgeted claims of one queue across every worker and host.
+
+-- name: upsert_budget
+-- Create or replace budget $1 on queue $2: cap $3 per window of $4 seconds (NULL: calendar month), key $5, estimate $6 (default $7), settled cost field $8.
+INSERT INTO {schema}.budgets AS b
+       (name, queue, cap, window_seconds, key_path, estimate_path, default_estimate, cost_field, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
+ON CONFLICT (name) DO UPDATE
+   SET queue = EXCLUDED.queue, cap = EXCLUDED.cap, window_seconds = EXCLUDED.window_seconds,
+       key_path = EXCLUDED.key_path, estimate_path = EXCLUDED.estimate_path,
+       default_estimate = EXCLUDED.default_estimate, cost_field = EXCLUDED.cost_field, updated_at = now()
+RETURNING b.name;
+
+-- name: set_budget_cap
+-- Change the cap of budget $1 to $2 (raising it lets its waiting jobs start at the next claim).
+UPDATE {schema}.budgets SET cap = $2, updated_at = now() WHERE name = $1 RETURNING name;
+
+-- name: delete_budget
+-- Remove budget $1 with its spend and holds; its queue goes back to the plain claim when it has no other budget.
+WITH gone AS (
+    DELETE FROM {schema}.budgets WHERE name = $1 RETURNING name
+), usage AS (
+    DELETE FROM {schema}.budget_usage WHERE budget = $1
+), holds AS (
+    DELETE FROM {schema}.budget_holds WHERE budget = $1
+)
+SELECT name FROM gone;
+
+-- name: budgeted_queues
+-- Which of the queues $1 have budgets (they take the budgeted claim).
+SELECT DISTINCT queue FROM {schema}.budgets WHERE queue = ANY($1::text[]);
+
+-- name: lock_budgets
+-- Serialise the budgeted claims of queue $1 until the end of the transaction.
+SELECT name FROM {schema}.budgets WHERE queue = $1 ORDER BY name FOR UPDATE;
+
+-- name: fold_budget_holds
+-- Move the holds of queue $1's finished tries into budget_usage, each at the cost its try recorded (else its estimate); after lock_budgets.
+--
+-- A hold is in flight while its job is running the try that the claim
+-- started (same started_at). Once it is not, the try's attempts row is the
+-- latest worker row of that attempt number (a try given back or snoozed
+-- keeps its number, but its next claim comes after this fold).
+WITH b AS (
+    SELECT name, cost_field FROM {schema}.budgets WHERE queue = $1
+), finished AS (
+    SELECT h.budget, h.key, h.window_start, h.job_id, h.started_at,
+           coalesce((SELECT CASE WHEN jsonb_typeof(a.meta -> b.cost_field) = 'number'
+                                 THEN greatest(0, (a.meta ->> b.cost_field)::float8) END
+                       FROM {schema}.attempts AS a
+                      WHERE a.job_id = h.job_id AND a.attempt = h.attempt
+                        AND a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
+                      ORDER BY a.id DESC
+                      LIMIT 1), h.estimate) AS spent
+      FROM b
+      JOIN {schema}.budget_holds AS h ON h.budget = b.name
+     WHERE NOT EXISTS (SELECT 1 FROM {schema}.jobs AS j
+                        WHERE j.id = h.job_id AND j.state = 'running' AND j.started_at = h.started_at)
+), gone AS (
+    DELETE FROM {schema}.budget_holds AS h
+     USING finished AS f
+     WHERE h.budget = f.budget AND h.job_id = f.job_id AND h.started_at = f.started_at
+)
+INSERT INTO {schema}.budget_usage AS u (budget, key, window_start, spent, tries)
+SELECT budget, key, window_start, sum(spent), count(*) FROM finished GROUP BY 1, 2, 3
+ON CONFLICT (budget, window_start, key) DO UPDATE
+   SET spent = u.spent + EXCLUDED.spent, tries = u.tries + EXCLUDED.tries
+RETURNING u.budget;
+
+-- name: claim_jobs_budgeted
+-- Claim up to $2 ready jobs of budgeted queue $1 for worker $3 (lease $4 s), passing over keys at their cap; after fold_budget_holds.
+--
+-- Its rows start with the columns of claim_jobs, in the same order. A key's
+-- spend is its settled spend in the current window plus the estimates of
+-- its tries in flight; a job starts while its key's spend, with the
+-- estimates of the jobs chosen before it in this claim, is below the cap, so
+-- a cap is exceeded by at most the estimates in flight (and by what a try
+-- costs beyond its estimate). Keys at their cap are left out of the walk of
+-- jobs_ready, so they do not hide the jobs of other keys. The last column
+-- says in how many seconds the earliest blocking window rolls or the pause
+-- ends; with nothing claimed, one row of NULL jobs carries it.
+WITH b AS MATERIALIZED (
+    SELECT bu.name, bu.cap, bu.key_path, bu.estimate_path, bu.default_estimate, t.t,
+           CASE WHEN bu.window_seconds IS NULL THEN date_trunc('month', t.t, 'UTC')
+                ELSE to_timestamp(floor(extract(epoch FROM t.t) / bu.window_seconds) * bu.window_seconds)
+           END AS ws,
+           CASE WHEN bu.window_seconds IS NULL
+                THEN (date_trunc('month', t.t, 'UTC') AT TIME ZONE 'UTC' + interval '1 month') AT TIME ZONE 'UTC'
+                ELSE to_timestamp((floor(extract(epoch FROM t.t) / bu.window_seconds) + 1) * bu.window_seconds)
+           END AS we
+      FROM {schema}.budgets AS bu, (SELECT clock_timestamp() AS t) AS t
+     WHERE bu.queue = $1
+), paused AS MATERIALIZED (
+    SELECT max(p.until) AS until FROM {schema}.queue_pauses AS p WHERE p.queue = $1 AND p.until > now()
+), used AS MATERIALIZED (
+    SELECT k.budget AS name, k.key, sum(k.amount) AS used
+      FROM (SELECT u.budget, u.key, u.spent AS amount
+              FROM b JOIN {schema}.budget_usage AS u ON u.budget = b.name AND u.window_start = b.ws
+            UNION ALL
+            SELECT h.budget, h.key, h.estimate
+              FROM b JOIN {schema}.budget_holds AS h ON h.budget = b.name AND h.window_start = b.ws) AS k
+     GROUP BY 1, 2
+), blocked AS MATERIALIZED (
+    SELECT b.name, b.key_path, u.key, b.we
+      FROM b JOIN used AS u ON u.name = b.name
+     WHERE u.used >= b.cap
+), candidates AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_after, c.payload
+      FROM {schema}.jobs AS c
+     WHERE c.state = 'pending' AND c.queue = $1 AND c.run_after <= now()
+       AND NOT EXISTS (SELECT 1 FROM blocked AS x WHERE coalesce(c.payload #>> x.key_path, '') = x.key)
+       AND (SELECT until FROM paused) IS NULL
+     ORDER BY c.priority, c.run_after, c.id
+     LIMIT $2
+), per_job AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_after, b.name, b.cap, b.ws, b.we,
+           coalesce(c.payload #>> b.key_path, '') AS key,
+           CASE WHEN jsonb_typeof(c.payload #> b.estimate_path) = 'number'
+                THEN greatest(0, (c.payload #>> b.estimate_path)::float8)
+                ELSE b.default_estimate END AS estimate
+      FROM candidates AS c CROSS JOIN b
+), fitted AS (
+    SELECT p.id, p.cap, p.we,
+           coalesce(u.used, 0) + coalesce(sum(p.estimate) OVER (
+               PARTITION BY p.name, p.key ORDER BY p.priority, p.run_after, p.id
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+      FROM per_job AS p
+      LEFT JOIN used AS u ON u.name = p.name AND u.key = p.key
+), chosen AS (
+    SELECT id FROM fitted GROUP BY id HAVING bool_and(before < cap)
+), locked AS (
+    SELECT j.id
+      FROM {schema}.jobs AS j
+     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.state = 'pending'
+       FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+       SET state = 'running',
+           attempts = j.attempts + 1,
+           worker = $3,
+           lease_until = now() + make_interval(secs => $4::float8),
+           started_at = now()
+     WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
+ RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.attempts, j.max_attempts,
+           j.priority, j.created_at, j.replay_of, j.headers::text AS headers
+), held AS (
+    INSERT INTO {schema}.budget_holds (budget, key, window_start, job_id, attempt, started_at, estimate)
+    SELECT p.name, p.key, p.ws, c.id, c.attempts, now(), p.estimate
+      FROM claimed AS c
+      JOIN per_job AS p ON p.id = c.id
+    ON CONFLICT DO NOTHING
+)
+SELECT c.id, c.queue, c.kind, c.payload, c.attempts, c.max_attempts, c.priority, c.created_at, c.replay_of,
+       c.headers,
+       extract(epoch FROM least((SELECT min(we) FROM blocked),
+                                (SELECT min(f.we) FROM fitted AS f WHERE f.before >= f.cap),
+                                (SELECT until FROM paused))
+                          - (SELECT min(t) FROM b))::float8 AS retry_in
+  FROM (SELECT 1) AS one
+  LEFT JOIN claimed AS c ON true;
+
+-- name: budget_spend
+-- Every budget (or only those of pending job $1's queue, with that job's key) with each key's spend in its current window: settled, in flight, and the pending jobs it holds back at its cap.
+WITH job AS (
+    SELECT j.queue, j.payload FROM {schema}.jobs AS j WHERE j.id = $1
+), b AS (
+    SELECT bu.*,
+           CASE WHEN bu.window_seconds IS NULL THEN date_trunc('month', now(), 'UTC')
+                ELSE to_timestamp(floor(extract(epoch FROM now()) / bu.window_seconds) * bu.window_seconds)
+           END AS ws,
+           CASE WHEN bu.window_seconds IS NULL
+                THEN (date_trunc('month', now(), 'UTC') AT TIME ZONE 'UTC' + interval '1 month') AT TIME ZONE 'UTC'
+                ELSE to_timestamp((floor(extract(epoch FROM now()) / bu.window_seconds) + 1) * bu.window_seconds)
+           END AS we
+      FROM {schema}.budgets AS bu
+     WHERE $1::bigint IS NULL OR bu.queue = (SELECT queue FROM job)
+), k AS (
+    SELECT u.budget, u.key, u.spent, 0::float8 AS in_flight
+      FROM b JOIN {schema}.budget_usage AS u ON u.budget = b.name AND u.window_start = b.ws
+    UNION ALL
+    SELECT h.budget, h.key, 0, h.estimate
+      FROM b JOIN {schema}.budget_holds AS h ON h.budget = b.name AND h.window_start = b.ws
+), per_key AS (
+    SELECT budget, key, sum(spent) AS spent, sum(in_flight) AS in_flight FROM k GROUP BY 1, 2
+)
+SELECT b.name, b.queue, b.cap, b.window_seconds, array_to_string(b.key_path, '.') AS key_field,
+       array_to_string(b.estimate_path, '.') AS estimate_field, b.default_estimate, b.cost_field, b.ws, b.we,
+       p.key, coalesce(p.spent, 0) AS spent, coalesce(p.in_flight, 0) AS in_flight,
+       CASE WHEN coalesce(p.spent, 0) + coalesce(p.in_flight, 0) >= b.cap
+            THEN (SELECT count(*) FROM {schema}.jobs AS j
+                   WHERE j.state = 'pending' AND j.queue = b.queue AND coalesce(j.payload #>> b.key_path, '') = p.key)
+            ELSE 0 END AS waiting
+  FROM b
+  LEFT JOIN per_key AS p ON p.budget = b.name
+ WHERE $1::bigint IS NULL OR p.key = coalesce((SELECT payload FROM job) #>> b.key_path, '')
+ ORDER BY b.name, p.key;
