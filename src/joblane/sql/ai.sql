@@ -187,8 +187,25 @@ WITH job AS (
     SELECT u.budget, u.key, u.spent, 0::float8 AS in_flight
       FROM b JOIN {schema}.budget_usage AS u ON u.budget = b.name AND u.window_start = b.ws
     UNION ALL
-    SELECT h.budget, h.key, 0, h.estimate
-      FROM b JOIN {schema}.budget_holds AS h ON h.budget = b.name AND h.window_start = b.ws
+    -- a hold whose try has finished but is not folded yet counts what the try cost, as the fold will
+    SELECT h.budget, h.key,
+           CASE WHEN r.running THEN 0 ELSE coalesce(settled.cost, h.estimate) END,
+           CASE WHEN r.running THEN h.estimate ELSE 0 END
+      FROM b
+      JOIN {schema}.budget_holds AS h ON h.budget = b.name AND h.window_start = b.ws
+     CROSS JOIN LATERAL (
+            SELECT EXISTS (SELECT 1 FROM {schema}.jobs AS j
+                            WHERE j.id = h.job_id AND j.state = 'running' AND j.started_at = h.started_at) AS running
+           ) AS r
+      LEFT JOIN LATERAL (
+            SELECT CASE WHEN jsonb_typeof(a.meta -> b.cost_field) = 'number'
+                        THEN greatest(0, (a.meta ->> b.cost_field)::float8) END AS cost
+              FROM {schema}.attempts AS a
+             WHERE NOT r.running AND a.job_id = h.job_id AND a.attempt = h.attempt
+               AND a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
+             ORDER BY a.id DESC
+             LIMIT 1
+           ) AS settled ON true
 ), per_key AS (
     SELECT budget, key, sum(spent) AS spent, sum(in_flight) AS in_flight FROM k GROUP BY 1, 2
 )

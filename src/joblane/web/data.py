@@ -133,6 +133,11 @@ class Data:
         return [{"queue": q, "seconds_left": left, "reason": reason}
                 for q, left, reason in self._rows(self.app.store.dashboard_paused_queues())]
 
+    def budgets(self) -> list[dict[str, Any]]:
+        """Every budget with each key's spend in its current window (App.budget_status)."""
+        with self.connection() as conn:
+            return self.app.budget_status(conn)
+
     def attempt_outcomes(self, seconds: float) -> dict[str, int]:
         return dict(self._rows(self.app.store.dashboard_attempt_outcomes(float(seconds))))
 
