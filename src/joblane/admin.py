@@ -421,6 +421,24 @@ def remove_budget(app: Any, name: str, conn: Any = None) -> bool:
     return bool(_rows(app, conn, app.store.delete_budget(name)))
 
 
+# -- the step cache ----------------------------------------------------------------------
+
+_CACHE_KEYS = ("step", "entries", "expired", "calls_in_progress", "hits", "tokens_saved", "cost_saved", "oldest",
+               "last_hit")
+
+
+def cache_stats(app: Any, conn: Any = None) -> list[dict[str, Any]]:
+    """Per cached step: stored results, expired ones, calls in progress, hits, and what the hits saved."""
+    return [dict(zip(_CACHE_KEYS, r)) for r in _rows(app, conn, app.store.cache_stats())]
+
+
+def clear_cache(app: Any, conn: Any = None, *, older_than: Any = None, step: str | None = None) -> int:
+    """Delete cached results stored more than ``older_than`` ago (a duration; None: all) and expired ones,
+    of ``step`` or every step; returns how many."""
+    before = None if older_than is None else parse_when(older_than, "older_than")
+    return int(_rows(app, conn, app.store.cache_clear(before, step))[0][0])
+
+
 # -- the outbox -----------------------------------------------------------------------
 
 _OUTBOX_KEYS = ("id", "topic", "key", "idempotency_key", "state", "attempts", "max_attempts", "run_after",

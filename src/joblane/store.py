@@ -389,6 +389,24 @@ class Store:
     def budget_spend(self, job_id) -> Statement:
         return self._s("budget_spend", job_id)
 
+    def cache_claim(self, key, step, job_id, attempt, claim_seconds) -> Statement:
+        return self._s("cache_claim", key, step, job_id, attempt, claim_seconds)
+
+    def cache_hit(self, key) -> Statement:
+        return self._s("cache_hit", key)
+
+    def cache_fill(self, key, job_id, attempt, result_json, meta_json, ttl_seconds) -> Statement:
+        return self._s("cache_fill", key, job_id, attempt, result_json, meta_json, ttl_seconds)
+
+    def cache_release(self, key, job_id, attempt) -> Statement:
+        return self._s("cache_release", key, job_id, attempt)
+
+    def cache_stats(self) -> Statement:
+        return self._s("cache_stats")
+
+    def cache_clear(self, stored_before, step) -> Statement:
+        return self._s("cache_clear", stored_before, step)
+
     # -- periodic.sql: the scheduler --------------------------------------------
 
     def latest_periodic_ticks(self, names) -> Statement:

@@ -6,7 +6,7 @@ import click
 from rich.markup import escape
 
 from .. import admin, budgets as budget_rules
-from .common import Fail, Table, app_from_context, console, emit_json, print_table, run_or_fail, show_time
+from .common import Duration, Fail, Table, app_from_context, console, emit_json, print_table, run_or_fail, show_time
 
 # -- budgets (spend caps) --------------------------------------------------------
 
@@ -94,4 +94,50 @@ def budgets_clear(ctx: click.Context, name, as_json: bool) -> None:
         console.print(f"budget {escape(name)} removed")
 
 
-COMMANDS = (budgets,)
+# -- the step cache ----------------------------------------------------------------
+
+
+@click.group()
+def cache() -> None:
+    """The shared cache of step results (job.step(..., cache=True))."""
+
+
+@cache.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def cache_stats(ctx: click.Context, as_json: bool) -> None:
+    """Per cached step: stored results, hits, and the tokens and cost the hits saved."""
+    app = app_from_context(ctx)
+    rows = run_or_fail(lambda: admin.cache_stats(app))
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        console.print("the step cache is empty")
+        return
+    table = Table(title=f"step cache (schema {app.schema})")
+    for col in ("step", "results", "expired", "in progress", "hits", "tokens saved", "cost saved", "last hit"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(escape(r["step"]), str(r["entries"]), str(r["expired"]), str(r["calls_in_progress"]),
+                      str(r["hits"]), f"{r['tokens_saved']:g}", f"{r['cost_saved']:g}", show_time(r["last_hit"]))
+    print_table(table)
+
+
+@cache.command("clear")
+@click.option("--older-than", "older_than", type=Duration(),
+              help="Only results stored longer ago than this (7d, 12h); expired ones always go.")
+@click.option("--step", help="Only this step's results.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def cache_clear(ctx: click.Context, older_than, step, as_json: bool) -> None:
+    """Delete cached step results (calls in progress stay)."""
+    app = app_from_context(ctx)
+    n = run_or_fail(lambda: admin.clear_cache(app, older_than=older_than, step=step))
+    if as_json:
+        emit_json({"cleared": n})
+    else:
+        console.print(f"cleared {n} cached result{'' if n == 1 else 's'}")
+
+
+COMMANDS = (budgets, cache)

@@ -220,3 +220,65 @@ SELECT b.name, b.queue, b.cap, b.window_seconds, array_to_string(b.key_path, '.'
   LEFT JOIN per_key AS p ON p.budget = b.name
  WHERE $1::bigint IS NULL OR p.key = coalesce((SELECT payload FROM job) #>> b.key_path, '')
  ORDER BY b.name, p.key;
+
+-- name: cache_claim
+-- Claim cache key $1 (step $2) for job $3's attempt $4 for $5 seconds: a new key, an expired result or a claim that ran out; returns the key when this job is to make the call.
+--
+-- The primary key makes two racing jobs agree: one inserts the claim, the
+-- other finds the row and waits for its result (cache_hit) or for the claim
+-- to run out.
+INSERT INTO {schema}.step_cache AS c (key, step, state, job_id, attempt, claimed_until)
+VALUES ($1, $2, 'running', $3, $4, now() + make_interval(secs => $5::float8))
+ON CONFLICT (key) DO UPDATE
+   SET step = EXCLUDED.step, state = 'running', result = NULL, meta = NULL, job_id = EXCLUDED.job_id,
+       attempt = EXCLUDED.attempt, claimed_until = EXCLUDED.claimed_until, created_at = now(),
+       expires_at = NULL, hits = 0, last_hit_at = NULL
+ WHERE (c.state = 'done' AND c.expires_at <= now()) OR (c.state = 'running' AND c.claimed_until <= now())
+RETURNING c.key;
+
+-- name: cache_hit
+-- The stored result of cache key $1 (result and meta as JSON text), counted as a hit; nothing while it is claimed or expired.
+UPDATE {schema}.step_cache
+   SET hits = hits + 1, last_hit_at = now()
+ WHERE key = $1 AND state = 'done' AND expires_at > now()
+RETURNING result::text, meta::text;
+
+-- name: cache_fill
+-- Store result $4 and meta $5 under cache key $1 claimed by job $2's attempt $3, kept for $6 seconds (NULL: until cleared).
+UPDATE {schema}.step_cache
+   SET state = 'done', result = $4::text::jsonb, meta = $5::text::jsonb, claimed_until = NULL,
+       expires_at = CASE WHEN $6::float8 IS NULL THEN 'infinity'::timestamptz
+                         ELSE now() + make_interval(secs => $6::float8) END
+ WHERE key = $1 AND state = 'running' AND job_id = $2 AND attempt = $3
+RETURNING key;
+
+-- name: cache_release
+-- Give up the claim of job $2's attempt $3 on cache key $1 (its call failed), so a waiting job can make it.
+DELETE FROM {schema}.step_cache WHERE key = $1 AND state = 'running' AND job_id = $2 AND attempt = $3 RETURNING key;
+
+-- name: cache_stats
+-- Per step: stored results, claims in progress, hits, and the tokens and cost the hits saved (each hit saves what the call cost).
+SELECT step,
+       count(*) FILTER (WHERE state = 'done' AND expires_at > now()) AS entries,
+       count(*) FILTER (WHERE state = 'done' AND expires_at <= now()) AS expired,
+       count(*) FILTER (WHERE state = 'running') AS calls_in_progress,
+       coalesce(sum(hits), 0)::bigint AS hits,
+       coalesce(sum(hits * CASE WHEN jsonb_typeof(meta -> 'tokens') = 'number'
+                                THEN (meta ->> 'tokens')::float8 ELSE 0 END), 0) AS tokens_saved,
+       coalesce(sum(hits * CASE WHEN jsonb_typeof(meta -> 'cost') = 'number'
+                                THEN (meta ->> 'cost')::float8 ELSE 0 END), 0) AS cost_saved,
+       min(created_at) AS oldest, max(last_hit_at) AS last_hit
+  FROM {schema}.step_cache
+ GROUP BY step
+ ORDER BY step;
+
+-- name: cache_clear
+-- Delete the cached results of step $2 (NULL: every step) stored before $1 (NULL: all), and expired ones; claims in progress stay. Returns how many.
+WITH gone AS (
+    DELETE FROM {schema}.step_cache
+     WHERE state = 'done'
+       AND ($2::text IS NULL OR step = $2)
+       AND ($1::timestamptz IS NULL OR created_at < $1 OR expires_at <= now())
+    RETURNING key
+)
+SELECT count(*) FROM gone;
