@@ -421,6 +421,39 @@ def remove_budget(app: Any, name: str, conn: Any = None) -> bool:
     return bool(_rows(app, conn, app.store.delete_budget(name)))
 
 
+# -- the dataset export ------------------------------------------------------------------
+
+DATASET_KEYS = ("attempt_id", "job_id", "kind", "queue", "attempt", "outcome", "started_at", "finished_at",
+                "latency_ms", "model", "prompt_version", "tokens", "cost", "error", "input", "output", "steps",
+                "label", "reviewer", "reviewed_at", "review_note", "review_edit", "replay_of", "replay_tag")
+_DATASET_JSON = ("input", "output", "steps", "review_edit")
+
+
+def dataset(app: Any, conn: Any = None, *, kind: str | None = None, queue: str | None = None, since: Any = None,
+            until: Any = None, page_size: int = 2000) -> Iterator[dict[str, Any]]:
+    """One record per finished try, oldest first, streamed through a server-side cursor (filters checked now):
+    input payload, output (the result, or the hold data), the steps, model, prompt version, tokens, cost,
+    latency, outcome, and the review label of a held try (approve, approve_edited with its edit, reject)."""
+    stmt = app.store.dataset_rows(kind, queue, parse_when(since, "since"), parse_when(until, "until"))
+    if conn is not None:
+        store.check_sync(conn, "dataset")
+    return _dataset_stream(app, conn, stmt, page_size)
+
+
+def _dataset_stream(app: Any, conn: Any, stmt: store.Statement, page_size: int) -> Iterator[dict[str, Any]]:
+    own = app.connect() if conn is None else None
+    try:
+        for row in store.stream(own or conn, stmt, page=page_size):
+            item = dict(zip(DATASET_KEYS, row))
+            for key in _DATASET_JSON:
+                if item[key] is not None:
+                    item[key] = json.loads(item[key])
+            yield item
+    finally:
+        if own is not None:
+            own.close()
+
+
 # -- the step cache ----------------------------------------------------------------------
 
 _CACHE_KEYS = ("step", "entries", "expired", "calls_in_progress", "hits", "tokens_saved", "cost_saved", "oldest",

@@ -489,6 +489,11 @@ class App:
         self.rate_limits[queue] = limit
         return limit
 
+    def dataset(self, conn: Any = None, **filters: Any) -> Iterator[dict[str, Any]]:
+        """One record per finished try (kind, queue, since, until), oldest first, streamed: input, output,
+        steps, model, prompt version, tokens, cost, latency, outcome and review label (admin.dataset)."""
+        return admin.dataset(self, conn, **filters)
+
     def budget(self, name: str, **options: Any) -> Any:
         """Cap the spend of a queue's jobs per key for every worker: ``app.budget("openai", queue="leads",
         per_day=20.0, key="tenant", estimate="estimated_cost")``.

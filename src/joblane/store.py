@@ -407,6 +407,9 @@ class Store:
     def cache_clear(self, stored_before, step) -> Statement:
         return self._s("cache_clear", stored_before, step)
 
+    def dataset_rows(self, kind, queue, since, until) -> Statement:
+        return self._s("dataset_rows", kind, queue, since, until)
+
     # -- periodic.sql: the scheduler --------------------------------------------
 
     def latest_periodic_ticks(self, names) -> Statement:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import csv
+import itertools
+import json
+import os
+import sys
+from typing import Any, Iterator
+
 import click
 from rich.markup import escape
 
-from .. import admin, budgets as budget_rules
-from .common import Duration, Fail, Table, app_from_context, console, emit_json, print_table, run_or_fail, show_time
+from .. import admin, budgets as budget_rules, rules
+from .common import (Duration, Fail, Table, app_from_context, console, emit_json, jsonable, needs_extra, print_table,
+                     run_or_fail, show_time)
 
 # -- budgets (spend caps) --------------------------------------------------------
 
@@ -140,4 +148,108 @@ def cache_clear(ctx: click.Context, older_than, step, as_json: bool) -> None:
         console.print(f"cleared {n} cached result{'' if n == 1 else 's'}")
 
 
-COMMANDS = (budgets, cache)
+# -- the dataset export --------------------------------------------------------------
+
+PARQUET_BATCH = 5000
+
+
+@click.group()
+def dataset() -> None:
+    """Evaluation data: every finished try with its input, output, usage, outcome and review label."""
+
+
+@dataset.command("export")
+@click.option("--kind")
+@click.option("--queue")
+@click.option("--since", help="Finished at most this long ago (24h, 7d) or since an ISO time (UTC unless it has an offset).")
+@click.option("--until", help="Finished before this (same forms).")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]), default="jsonl", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
+              help="File to write (default: stdout; parquet needs a file).")
+@click.pass_context
+def dataset_export(ctx: click.Context, kind, queue, since, until, fmt, output) -> None:
+    """Write one record per finished try, oldest first: input payload, output (result, hold data), steps, model,
+    prompt version, tokens, cost, latency, outcome, and the review label (approve, approve_edited, reject).
+
+    Rows stream from the database through a server-side cursor, so the
+    size of the export does not matter. A file is written under a temporary
+    name and renamed when complete. Parquet needs the parquet extra.
+    """
+    app = app_from_context(ctx)
+    if fmt == "parquet":
+        if output is None:
+            raise Fail("--format parquet writes a file: give --output")
+        with needs_extra("joblane dataset export --format parquet", "parquet"):
+            import pyarrow  # noqa: F401
+    rows = run_or_fail(lambda: admin.dataset(app, kind=kind, queue=queue, since=since, until=until))
+    first = run_or_fail(lambda: next(rows, None))  # a bad filter or schema fails before a byte is written
+    rows = itertools.chain([first], rows) if first is not None else iter(())
+    partial = f"{output}.partial" if output else None
+    try:
+        if fmt == "parquet":
+            n = run_or_fail(lambda: _write_parquet(rows, partial))
+        else:
+            out = open(partial, "w", newline="", encoding="utf-8") if partial else sys.stdout
+            try:
+                n = run_or_fail(lambda: _write_text(rows, out, fmt))
+            finally:
+                if partial:
+                    out.close()
+    except BrokenPipeError:  # the reader (| head) stopped early: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+    except BaseException:
+        if partial and os.path.exists(partial):
+            os.unlink(partial)
+        raise
+    if partial:
+        os.replace(partial, output)
+        console.print(f"wrote {rules.plural(n, 'record')} to {escape(output)}", highlight=False)
+
+
+def _flat(r: dict[str, Any]) -> dict[str, Any]:
+    """A record with JSON fields as JSON text and times as ISO text (csv and parquet cells)."""
+    out = {}
+    for k, v in r.items():
+        if isinstance(v, (dict, list)):
+            v = json.dumps(v)
+        out[k] = jsonable(v) if k in ("started_at", "finished_at", "reviewed_at") else v
+    return out
+
+
+def _write_text(rows: Iterator[dict[str, Any]], out: Any, fmt: str) -> int:
+    n = 0
+    if fmt == "csv":
+        writer = csv.writer(out)
+        writer.writerow(admin.DATASET_KEYS)
+        for r in rows:
+            flat = _flat(r)
+            writer.writerow([flat[k] for k in admin.DATASET_KEYS])
+            n += 1
+    else:
+        for r in rows:
+            out.write(json.dumps(jsonable(r), default=str) + "\n")
+            n += 1
+    return n
+
+
+def _write_parquet(rows: Iterator[dict[str, Any]], path: str) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    numbers = {"attempt_id", "job_id", "attempt", "replay_of"}
+    floats = {"latency_ms", "tokens", "cost"}
+    schema = pa.schema([(k, pa.int64() if k in numbers else pa.float64() if k in floats else pa.string())
+                        for k in admin.DATASET_KEYS])
+    n = 0
+    with pq.ParquetWriter(path, schema) as writer:
+        while True:
+            batch = [_flat(r) for r in itertools.islice(rows, PARQUET_BATCH)]
+            if not batch:
+                break
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+            n += len(batch)
+    return n
+
+
+COMMANDS = (budgets, cache, dataset)

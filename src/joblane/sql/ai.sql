@@ -282,3 +282,47 @@ WITH gone AS (
     RETURNING key
 )
 SELECT count(*) FROM gone;
+
+-- name: dataset_rows
+-- One record per finished try of kind $1, queue $2, finished in [$3, $4), oldest first: input, output, steps, model, prompt version, tokens, cost, latency, outcome, and the review label.
+--
+-- Read through a server-side cursor (store.stream), so any number of rows
+-- stream in pages; like export_attempts, the time range walks
+-- attempts_finished in order and each row finds its job by primary key. A
+-- try's review label is the person's decision on it (released or rejected
+-- with the same attempt number); admin rows (released, rejected, cancelled)
+-- are not tries.
+SELECT a.id AS attempt_id, a.job_id, j.kind, j.queue, a.attempt, a.outcome, a.started_at, a.finished_at,
+       round((extract(epoch FROM a.finished_at - a.started_at) * 1000)::numeric, 1)::float8 AS latency_ms,
+       a.meta ->> 'model' AS model, a.meta ->> 'prompt_version' AS prompt_version,
+       CASE WHEN jsonb_typeof(a.meta -> 'tokens') = 'number' THEN (a.meta ->> 'tokens')::float8
+            WHEN jsonb_typeof(a.meta -> 'input_tokens') = 'number' OR jsonb_typeof(a.meta -> 'output_tokens') = 'number'
+                 THEN coalesce((a.meta ->> 'input_tokens')::float8, 0) + coalesce((a.meta ->> 'output_tokens')::float8, 0)
+       END AS tokens,
+       CASE WHEN jsonb_typeof(a.meta -> 'cost') = 'number' THEN (a.meta ->> 'cost')::float8 END AS cost,
+       a.error, j.payload::text AS input,
+       (CASE WHEN a.outcome = 'done' THEN j.result WHEN a.outcome = 'held' THEN a.meta -> 'hold_data' END)::text AS output,
+       (SELECT jsonb_object_agg(s.name, s.result)
+          FROM {schema}.job_steps AS s
+         WHERE s.job_id = a.job_id AND s.attempt <= a.attempt)::text AS steps,
+       r.label, r.worker AS reviewer, r.started_at AS reviewed_at, r.error AS review_note,
+       (r.meta -> 'payload_patch')::text AS review_edit,
+       j.replay_of, j.replay_tag
+  FROM {schema}.attempts AS a
+  JOIN {schema}.jobs AS j ON j.id = a.job_id
+  LEFT JOIN LATERAL (
+        SELECT coalesce(x.meta ->> 'label',
+                        CASE WHEN x.outcome = 'rejected' THEN 'reject'
+                             WHEN x.meta ? 'payload_patch' THEN 'approve_edited' ELSE 'approve' END) AS label,
+               x.worker, x.started_at, x.error, x.meta
+          FROM {schema}.attempts AS x
+         WHERE x.job_id = a.job_id AND x.attempt = a.attempt AND x.outcome IN ('released', 'rejected')
+         ORDER BY x.id
+         LIMIT 1
+       ) AS r ON a.outcome = 'held'
+ WHERE a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
+   AND ($1::text IS NULL OR j.kind = $1)
+   AND ($2::text IS NULL OR j.queue = $2)
+   AND ($3::timestamptz IS NULL OR a.finished_at >= $3)
+   AND ($4::timestamptz IS NULL OR a.finished_at < $4)
+ ORDER BY a.finished_at, a.id;
