@@ -280,7 +280,9 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
 def replay(app: Any, conn: Any, *, ids: Sequence[int] | None = None, kind: str | None = None,
            queue: str | None = None, state: str | Sequence[str] | None = None, since: Any = None,
            until: Any = None, payload_patch: dict | None = None, skip_replayed: bool = False,
-           limit: int | None = None, dry_run: bool = False) -> list[dict[str, Any]]:
+           limit: int | None = None, dry_run: bool = False, tag: str | None = None) -> list[dict[str, Any]]:
+    if tag is not None:
+        check_tag(tag)
     if ids is None and kind is None and queue is None and state is None and since is None:
         raise JoblaneError("replay needs a filter: job ids, kind, queue, state or since")
     states = [state] if isinstance(state, str) else (list(state) if state is not None else None)
@@ -292,7 +294,7 @@ def replay(app: Any, conn: Any, *, ids: Sequence[int] | None = None, kind: str |
     patch = _patch_json(app, payload_patch)
     stmt = app.store.replay_jobs(list(ids) if ids is not None else None, kind, queue, states,
                                  parse_when(since, "since"), parse_when(until, "until"), skip_replayed, limit, patch,
-                                 dry_run, app.notify, app.channel)
+                                 dry_run, app.notify, app.channel, tag)
     rows = _rows(app, conn, stmt)
     if not dry_run and patch != "{}":
         not_object = [r for r in rows if r[6] != "object"]
@@ -305,6 +307,13 @@ def replay(app: Any, conn: Any, *, ids: Sequence[int] | None = None, kind: str |
         {"replay_of": old, "id": new, "kind": k, "queue": q, "state": s, "payload": json.loads(payload)}
         for old, new, k, q, s, payload, _, _ in rows
     ]
+
+
+def check_tag(tag: Any) -> str:
+    """A replay tag: 1-100 characters of letters, digits, '-', '_', '.', ':'."""
+    if not isinstance(tag, str) or not 1 <= len(tag) <= 100 or not all(c.isalnum() or c in "-_.:" for c in tag):
+        raise JoblaneError(f"a replay tag is 1-100 letters, digits, '-', '_', '.' or ':', got {tag!r}")
+    return tag
 
 
 # -- the attempt audit trail ---------------------------------------------------------
@@ -452,6 +461,59 @@ def _dataset_stream(app: Any, conn: Any, stmt: store.Statement, page_size: int) 
     finally:
         if own is not None:
             own.close()
+
+
+# -- replay comparisons ------------------------------------------------------------------
+
+_PAIR_KEYS = ("original_id", "kind", "original_state", "original_result", "original_tries", "original_held",
+              "original_cost", "original_latency_ms", "replay_id", "replay_state", "replay_result", "replay_tries",
+              "replay_held", "replay_cost", "replay_latency_ms", "changed")
+
+
+def _side(pairs: list[dict[str, Any]], side: str) -> dict[str, Any]:
+    states = [p[f"{side}_state"] for p in pairs]
+    n = len(pairs)
+    done, failed, cancelled = states.count("done"), states.count("failed"), states.count("cancelled")
+    finished = done + failed + cancelled
+    held = sum(1 for p in pairs if p[f"{side}_held"])
+    costs = [p[f"{side}_cost"] for p in pairs if p[f"{side}_cost"] is not None]
+    latencies = [p[f"{side}_latency_ms"] for p in pairs if p[f"{side}_latency_ms"] is not None]
+    return {
+        "jobs": n, "done": done, "failed": failed, "cancelled": cancelled, "held": states.count("held"),
+        "unfinished": n - finished - states.count("held"),
+        "success_rate": done / finished if finished else None,
+        "hold_rate": held / n if n else None,  # share of jobs with a try that was held for review
+        "tries": sum(p[f"{side}_tries"] for p in pairs),
+        "cost": sum(costs) if costs else None,
+        "cost_per_job": sum(costs) / n if costs else None,
+        "latency_ms_per_job": sum(latencies) / len(latencies) if latencies else None,
+    }
+
+
+def compare_replay(app: Any, tag: str, conn: Any = None) -> dict[str, Any]:
+    """The replays tagged ``tag`` against their originals: per side the jobs, success rate (done of the finished),
+    hold rate (jobs with a held try), tries, cost and time per job; how many outputs changed (both done, results
+    differ), how many failures the replay fixed and how many successes it lost; and every pair."""
+    check_tag(tag)
+    pairs = [dict(zip(_PAIR_KEYS, r)) for r in _rows(app, conn, app.store.compare_replay(tag))]
+    for p in pairs:
+        for key in ("original_result", "replay_result"):
+            p[key] = json.loads(p[key]) if p[key] is not None else None
+    return {
+        "tag": tag,
+        "original": _side(pairs, "original"),
+        "replay": _side(pairs, "replay"),
+        "changed": sum(1 for p in pairs if p["changed"]),
+        "fixed": sum(1 for p in pairs if p["replay_state"] == "done" and p["original_state"] != "done"),
+        "regressed": sum(1 for p in pairs if p["original_state"] == "done" and p["replay_state"] == "failed"),
+        "pairs": pairs,
+    }
+
+
+def replay_tags(app: Any, conn: Any = None, *, limit: int = 100) -> list[dict[str, Any]]:
+    """The replay tags in use, newest first."""
+    return [{"tag": t, "jobs": n, "first_at": first, "last_at": last}
+            for t, n, first, last in _rows(app, conn, app.store.replay_tags(limit))]
 
 
 # -- the step cache ----------------------------------------------------------------------

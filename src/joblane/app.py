@@ -454,16 +454,22 @@ class App:
     def replay(self, conn: Any, *, ids: Sequence[int] | None = None, kind: str | None = None,
                queue: str | None = None, state: str | Sequence[str] | None = None, since: Any = None,
                until: Any = None, payload_patch: dict | None = None, skip_replayed: bool = False,
-               limit: int | None = None, dry_run: bool = False) -> list[dict[str, Any]]:
+               limit: int | None = None, dry_run: bool = False, tag: str | None = None) -> list[dict[str, Any]]:
         """Insert new jobs copied from the matching ones, payload patched, ``replay_of`` set.
 
         Old rows are never edited. Without ``state`` only finished jobs match;
         ``since``/``until`` bound when they finished (a datetime, a timedelta
         or text such as "24h"). ``dry_run`` inserts nothing and returns what
-        would be inserted (``id`` None).
+        would be inserted (``id`` None). ``tag`` names the replay, for
+        ``compare_replay`` (``joblane compare TAG``).
         """
         return admin.replay(self, conn, ids=ids, kind=kind, queue=queue, state=state, since=since, until=until,
-                             payload_patch=payload_patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry_run)
+                             payload_patch=payload_patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry_run,
+                             tag=tag)
+
+    def compare_replay(self, tag: str, conn: Any = None) -> dict[str, Any]:
+        """The replays tagged ``tag`` against their originals: a summary per side and one row per pair."""
+        return admin.compare_replay(self, tag, conn)
 
     def list_attempts(self, conn: Any = None, **filters: Any) -> list[dict[str, Any]]:
         """Attempts newest first; filters: kind, queue, outcome, model, since, until, job_id, before_id, limit."""

@@ -323,9 +323,9 @@ class Store:
         return self._s("job_replays", job_id)
 
     def replay_jobs(self, ids, kind, queue, states, since, until, skip_replayed, limit, patch_json, dry_run,
-                    notify, channel) -> Statement:
+                    notify, channel, tag=None) -> Statement:
         return self._s("replay_jobs", ids, kind, queue, states, since, until, skip_replayed, limit, patch_json,
-                       dry_run, notify, channel)
+                       dry_run, notify, channel, tag)
 
     def list_attempts(self, kind, queue, outcome, model, since, until, job_id, before_id, limit) -> Statement:
         return self._s("list_attempts", kind, queue, outcome, model, since, until, job_id, before_id, limit)
@@ -409,6 +409,12 @@ class Store:
 
     def dataset_rows(self, kind, queue, since, until) -> Statement:
         return self._s("dataset_rows", kind, queue, since, until)
+
+    def compare_replay(self, tag) -> Statement:
+        return self._s("compare_replay", tag)
+
+    def replay_tags(self, limit) -> Statement:
+        return self._s("replay_tags", limit)
 
     # -- periodic.sql: the scheduler --------------------------------------------
 

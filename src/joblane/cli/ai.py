@@ -252,4 +252,89 @@ def _write_parquet(rows: Iterator[dict[str, Any]], path: str) -> int:
     return n
 
 
-COMMANDS = (budgets, cache, dataset)
+# -- replay comparisons ---------------------------------------------------------------
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.4g}{unit}"
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = "-" if value is None else json.dumps(value)
+    return escape(text if len(text) <= width else text[: width - 1] + "…")
+
+
+@click.command()
+@click.argument("tag")
+@click.option("--job", "job_id", type=int, help="One pair in full: the original or the replay's id.")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(0, 100_000),
+              help="Pairs listed under the summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the summary and every pair).")
+@click.pass_context
+def compare(ctx: click.Context, tag, job_id, limit, as_json) -> None:
+    """The replays tagged TAG (joblane replay --tag TAG) against their originals, side by side.
+
+    Success rate (done of the finished), hold rate (jobs with a try held
+    for review), cost and time per job, how many outputs changed, and each pair.
+    """
+    app = app_from_context(ctx)
+    report = run_or_fail(lambda: app.compare_replay(tag))
+    if not report["pairs"]:
+        raise Fail(f"no replays tagged {tag!r} (joblane replay ... --tag {tag})")
+    if job_id is not None:
+        pairs = [p for p in report["pairs"] if job_id in (p["original_id"], p["replay_id"])]
+        if not pairs:
+            raise Fail(f"job {job_id} is in no pair of replay {tag!r}")
+        if as_json:
+            emit_json(pairs)
+            return
+        for p in pairs:
+            table = Table(title=f"job {p['original_id']} and its replay {p['replay_id']} ({escape(tag)})")
+            for col in ("", "original", "replay"):
+                table.add_column(col, overflow="fold")
+            table.add_row("id", str(p["original_id"]), str(p["replay_id"]))
+            for field in ("state", "tries", "held", "cost", "latency_ms"):
+                table.add_row(field, str(p[f"original_{field}"]), str(p[f"replay_{field}"]))
+            table.add_row("result", escape(json.dumps(p["original_result"], indent=2)),
+                          escape(json.dumps(p["replay_result"], indent=2)))
+            table.add_row("changed", "", "yes" if p["changed"] else "no")
+            print_table(table)
+        return
+    if as_json:
+        emit_json(report)
+        return
+    o, r = report["original"], report["replay"]
+    table = Table(title=f"replay {escape(tag)}: {rules.plural(r['jobs'], 'job')} against their originals")
+    for col in ("", "originals", "replays"):
+        table.add_column(col)
+    table.add_row("jobs", str(o["jobs"]), str(r["jobs"]))
+    table.add_row("done / failed / cancelled", f"{o['done']} / {o['failed']} / {o['cancelled']}",
+                  f"{r['done']} / {r['failed']} / {r['cancelled']}")
+    table.add_row("held now / unfinished", f"{o['held']} / {o['unfinished']}", f"{r['held']} / {r['unfinished']}")
+    table.add_row("success rate", _rate(o["success_rate"]), _rate(r["success_rate"]))
+    table.add_row("hold rate", _rate(o["hold_rate"]), _rate(r["hold_rate"]))
+    table.add_row("tries", str(o["tries"]), str(r["tries"]))
+    table.add_row("cost (per job)", f"{_num(o['cost'])} ({_num(o['cost_per_job'])})",
+                  f"{_num(r['cost'])} ({_num(r['cost_per_job'])})")
+    table.add_row("time per job", _num(o["latency_ms_per_job"], " ms"), _num(r["latency_ms_per_job"], " ms"))
+    print_table(table)
+    console.print(f"outputs changed: {report['changed']} (both done, results differ); failures fixed:"
+                  f" {report['fixed']}; successes lost: {report['regressed']}", highlight=False)
+    if limit:
+        pairs = Table(title="pairs (joblane compare TAG --job ID for one in full)")
+        for col in ("original", "state", "result", "replay", "state ", "result ", "changed"):
+            pairs.add_column(col, overflow="fold")
+        for p in report["pairs"][:limit]:
+            pairs.add_row(str(p["original_id"]), p["original_state"] or "-", _short(p["original_result"]),
+                          str(p["replay_id"]), p["replay_state"], _short(p["replay_result"]),
+                          "yes" if p["changed"] else "")
+        print_table(pairs)
+        if len(report["pairs"]) > limit:
+            console.print(f"[dim]... and {len(report['pairs']) - limit} more (--limit, --json)[/dim]")
+
+
+COMMANDS = (budgets, cache, dataset, compare)

@@ -326,3 +326,43 @@ SELECT a.id AS attempt_id, a.job_id, j.kind, j.queue, a.attempt, a.outcome, a.st
    AND ($3::timestamptz IS NULL OR a.finished_at >= $3)
    AND ($4::timestamptz IS NULL OR a.finished_at < $4)
  ORDER BY a.finished_at, a.id;
+
+-- name: compare_replay
+-- The replays tagged $1, oldest first, each beside its original: states, results, tries, whether a try was held, and the cost and time their tries recorded.
+WITH pairs AS (
+    SELECT r.id AS replay_id, r.replay_of AS original_id
+      FROM {schema}.jobs AS r
+     WHERE r.replay_tag = $1
+), tries AS (
+    SELECT a.job_id,
+           count(*) AS tries,
+           bool_or(a.outcome = 'held') AS held,
+           sum(CASE WHEN jsonb_typeof(a.meta -> 'cost') = 'number' THEN (a.meta ->> 'cost')::float8 END) AS cost,
+           sum(extract(epoch FROM a.finished_at - a.started_at) * 1000)::float8 AS latency_ms
+      FROM {schema}.attempts AS a
+     WHERE a.job_id = ANY(ARRAY(SELECT replay_id FROM pairs UNION ALL SELECT original_id FROM pairs))
+       AND a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
+     GROUP BY a.job_id
+)
+SELECT p.original_id, o.kind, o.state AS original_state, o.result::text AS original_result,
+       coalesce(ot.tries, 0) AS original_tries, coalesce(ot.held, false) AS original_held,
+       ot.cost AS original_cost, ot.latency_ms AS original_latency_ms,
+       p.replay_id, r.state AS replay_state, r.result::text AS replay_result,
+       coalesce(rt.tries, 0) AS replay_tries, coalesce(rt.held, false) AS replay_held,
+       rt.cost AS replay_cost, rt.latency_ms AS replay_latency_ms,
+       (o.state = 'done' AND r.state = 'done' AND o.result IS DISTINCT FROM r.result) AS changed
+  FROM pairs AS p
+  JOIN {schema}.jobs AS r ON r.id = p.replay_id
+  LEFT JOIN {schema}.jobs AS o ON o.id = p.original_id
+  LEFT JOIN tries AS ot ON ot.job_id = p.original_id
+  LEFT JOIN tries AS rt ON rt.job_id = p.replay_id
+ ORDER BY p.replay_id;
+
+-- name: replay_tags
+-- The replay tags in use, newest first (at most $1): how many jobs each tagged and when.
+SELECT replay_tag AS tag, count(*) AS jobs, min(created_at) AS first_at, max(created_at) AS last_at
+  FROM {schema}.jobs
+ WHERE replay_tag IS NOT NULL
+ GROUP BY replay_tag
+ ORDER BY last_at DESC
+ LIMIT $1;

@@ -101,7 +101,7 @@ SELECT id FROM rejected;
 SELECT id, state FROM {schema}.jobs WHERE replay_of = $1 ORDER BY id;
 
 -- name: replay_jobs
--- Insert copies of the jobs matching ids $1, kind $2, queue $3, states $4, finished (or created) in [$5, $6), with payload || $9 and replay_of set; nothing is inserted when $10 (dry run).
+-- Insert copies of the jobs matching ids $1, kind $2, queue $3, states $4, finished (or created) in [$5, $6), with payload || $9, replay_of set and tagged $13; nothing is inserted when $10 (dry run).
 --
 -- Replays are inserts: the matched rows are read, never updated. $4 NULL
 -- means finished jobs only (done, failed, cancelled); $7 skips jobs that
@@ -126,8 +126,8 @@ WITH matched AS (
      ORDER BY j.id
      LIMIT $8
 ), inserted AS (
-    INSERT INTO {schema}.jobs (queue, kind, payload, priority, max_attempts, replay_of)
-    SELECT m.queue, m.kind, m.payload, m.priority, m.max_attempts, m.id
+    INSERT INTO {schema}.jobs (queue, kind, payload, priority, max_attempts, replay_of, replay_tag)
+    SELECT m.queue, m.kind, m.payload, m.priority, m.max_attempts, m.id, $13::text
       FROM matched AS m
      WHERE NOT $10::bool
        AND ($9::text::jsonb = '{}'::jsonb

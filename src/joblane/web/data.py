@@ -138,6 +138,14 @@ class Data:
         with self.connection() as conn:
             return self.app.budget_status(conn)
 
+    def replay_tags(self) -> list[dict[str, Any]]:
+        with self.connection() as conn:
+            return admin.replay_tags(self.app, conn)
+
+    def compare_replay(self, tag: str) -> dict[str, Any]:
+        with self.connection() as conn:
+            return self.app.compare_replay(tag, conn)
+
     def attempt_outcomes(self, seconds: float) -> dict[str, int]:
         return dict(self._rows(self.app.store.dashboard_attempt_outcomes(float(seconds))))
 

@@ -311,6 +311,24 @@ class Dashboard:
         return self.render(request, "review.html", held=rows, queue=queue, next_url=next_url,
                            first_url=("/review?" + urlencode(keep)) if after is not None else None)
 
+    async def compare(self, request: Request) -> Response:
+        """Replays tagged TAG against their originals (joblane compare TAG); without a tag, the tags in use."""
+        tag = request.path_params.get("tag")
+        tags = await self.db(self.data.replay_tags)
+        report = None
+        if tag is not None:
+            try:
+                report = await self.db(self.data.compare_replay, tag)
+            except JoblaneError as exc:
+                raise HTTPException(400, str(exc)) from None
+            if not report["pairs"]:
+                raise HTTPException(404, f"no replays tagged {tag!r}")
+        job_id = _int_param(request, "job")
+        pair = None
+        if report is not None and job_id is not None:
+            pair = next((p for p in report["pairs"] if job_id in (p["original_id"], p["replay_id"])), None)
+        return self.render(request, "compare.html", tags=tags, tag=tag, report=report, pair=pair)
+
     async def outbox(self, request: Request) -> Response:
         before = _int_param(request, "before")
         topic = request.query_params.get("topic") or None
@@ -524,6 +542,8 @@ class Dashboard:
             Route("/replay", self.replay_page, methods=["GET"]),
             Route("/replay", self.act_replay, methods=["POST"]),
             Route("/replay/preview", self.replay_preview, methods=["POST"]),
+            Route("/compare", self.compare, methods=["GET"]),
+            Route("/compare/{tag:str}", self.compare, methods=["GET"]),
             Route("/outbox", self.outbox, methods=["GET"]),
             Route("/outbox/retry", self.act_outbox, methods=["POST"]),
             Route("/metrics", self.metrics, methods=["GET"]),
