@@ -48,6 +48,12 @@ TABLES: dict[str, tuple[str, str]] = {
     "queue_starts":   ("",                                                       "SELECT, INSERT, DELETE"),
     # workers and relays register and heartbeat themselves; the rescuer drops dead ones
     "processes":      ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
+    # each worker writes its app's budgets at start; lock_budgets reads FOR UPDATE; the claim folds holds
+    "budgets":        ("",                                                       "SELECT, INSERT, UPDATE"),
+    "budget_usage":   ("",                                                       "SELECT, INSERT, UPDATE"),
+    "budget_holds":   ("",                                                       "SELECT, INSERT, DELETE"),
+    # cached steps: claim, fill, hit and release a key
+    "step_cache":     ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
 }
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).
