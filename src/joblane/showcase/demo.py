@@ -437,13 +437,28 @@ class Demo:
         self.event(f"ai tour: {escape(shown)}")
         return out.decode(errors="replace")
 
-    async def _score_jobs_settle(self, deadline: float, *, until_capped: bool = False) -> bool:
-        """Wait until no score job is pending or running (or, ``until_capped``, none runs and some wait)."""
+    async def _score_jobs_settle(self, deadline: float) -> None:
+        """Wait until no score job is pending or running."""
         while time.monotonic() < deadline:
             self.check_children()
-            [(unfinished, running)] = await self.query("demo_tour_unfinished")
-            if unfinished == 0 or (until_capped and running == 0):
-                return True
+            [(unfinished, _)] = await self.query("demo_tour_unfinished")
+            if unfinished == 0:
+                return
+            await asyncio.sleep(0.3)
+        raise TimeoutError
+
+    async def _acme_at_cap(self, deadline: float) -> dict[str, Any] | None:
+        """Wait until tenant acme has spent its cap (settled) with score jobs held back; its budget row then."""
+        from .. import admin
+
+        while time.monotonic() < deadline:
+            self.check_children()
+            status = [b for b in await asyncio.to_thread(admin.budget_status, self.app) if b["key"] == "acme"]
+            if status and status[0]["spent"] >= status[0]["cap"] and status[0]["waiting"] > 0:
+                return status[0]
+            [(unfinished, _)] = await self.query("demo_tour_unfinished")
+            if unfinished == 0:
+                return None
             await asyncio.sleep(0.3)
         raise TimeoutError
 
@@ -451,9 +466,9 @@ class Demo:
         """A spend cap reached and raised, a cached model call, a replay with a new prompt compared."""
         from joblane import JobSpec
 
-        from .. import admin
+        from .lead_intake import db
 
-        lead_ids = [r[0] for r in await self.query("demo_tour_leads", 7)]
+        lead_ids = [r["id"] for r in await db.rows(self._conn, "enriched_ids", self.schema, 7)]
         if len(lead_ids) < 2:
             return
         self.tour["ran"] = True
@@ -463,13 +478,12 @@ class Demo:
         with self.app.connect() as conn:
             ids = await asyncio.to_thread(self.app.enqueue_many, conn, specs)
         self.event(f"ai tour: {len(ids)} score jobs for tenant acme, under budget ai-spend (0.004 a day)")
-        await self._score_jobs_settle(deadline, until_capped=True)
-        status = [b for b in await asyncio.to_thread(admin.budget_status, self.app) if b["key"] == "acme"]
-        if status and status[0]["at_cap"]:
-            self.tour["cap"] = {"budget": "ai-spend", "key": "acme", "spent": round(status[0]["spent"], 6),
-                                "cap": status[0]["cap"], "waiting": status[0]["waiting"]}
-            self.event(f"ai tour: acme spent {status[0]['spent']:g} of {status[0]['cap']:g}:"
-                       f" {status[0]['waiting']} score jobs wait for the cap to rise")
+        capped = await self._acme_at_cap(deadline)
+        if capped is not None:
+            self.tour["cap"] = {"budget": "ai-spend", "key": "acme", "spent": round(capped["spent"], 6),
+                                "cap": capped["cap"], "waiting": capped["waiting"]}
+            self.event(f"ai tour: acme spent {capped['spent']:g} of {capped['cap']:g}:"
+                       f" {capped['waiting']} score jobs wait for the cap to rise")
             await self.cli("budgets", "set", "ai-spend", "--cap", "1")
             self.tour["cap"]["raised_to"] = 1.0
         await self._score_jobs_settle(deadline)

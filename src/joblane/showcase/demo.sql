@@ -43,10 +43,6 @@ SELECT coalesce(idempotency_key, 'outbox:' || id)
   FROM {schema}.outbox
  WHERE state = 'pending' AND lease_until > now();
 
--- name: demo_tour_leads
--- Up to $1 enriched leads, oldest first: the ones the AI tour scores.
-SELECT id FROM {schema}.leads WHERE enrichment IS NOT NULL ORDER BY id LIMIT $1;
-
 -- name: demo_tour_unfinished
 -- Score jobs still pending or running, and of those how many are running.
 SELECT count(*), count(*) FILTER (WHERE state = 'running') FROM {schema}.jobs
