@@ -69,6 +69,8 @@ class Job:
         """``step`` for plain (threaded) tasks."""
         if self._steps is None:
             raise RuntimeError("job.step_sync needs a worker (or joblane.testing.drain) to run the job")
+        if {"cache", "ttl", "cache_key"} & kwargs.keys():
+            raise ValueError("a cached step is async: await job.step(name, fn, ..., cache=True)")
         return self._steps.run_sync(name, fn, *args, **kwargs)
 
     def record(self, **fields: Any) -> None:

@@ -75,4 +75,11 @@ async def test_compare_counts_match_the_database(app, conn):
         side = web.get(f"/compare/v2-prompt?job={changed['replay_id']}")
         assert 'id="compare-pair"' in side.text and "&#34;v2&#34;" in side.text
         assert web.get("/compare/nothing").status_code == 404
+    from starlette.testclient import TestClient
+
+    from joblane.web import create_app
+
+    guarded = create_app(app, token="a-token-for-tests", loopback_only=False, refresh_seconds=0)
+    with TestClient(guarded, base_url="http://dash.internal", follow_redirects=False) as c:
+        assert c.get("/compare/v2-prompt").status_code == 303  # to the login page, like every page
     assert json.loads(run_cli(app, "compare", "v2-prompt", "--json").stdout)["tag"] == "v2-prompt"
