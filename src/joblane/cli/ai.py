@@ -105,9 +105,13 @@ def budgets_clear(ctx: click.Context, name, as_json: bool) -> None:
 # -- the step cache ----------------------------------------------------------------
 
 
-@click.group()
-def cache() -> None:
-    """The shared cache of step results (job.step(..., cache=True))."""
+@click.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def cache(ctx: click.Context, as_json: bool) -> None:
+    """The shared cache of step results (job.step(..., cache=True)); alone, its stats."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(cache_stats, as_json=as_json)
 
 
 @cache.command("stats")
