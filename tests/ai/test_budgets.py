@@ -83,6 +83,8 @@ async def test_a_key_at_its_cap_waits_with_the_reason_shown_until_the_cap_is_rai
         assert "at cap" in run_cli(app, "budgets").stdout
         with dashboard(app) as web:
             assert "waiting on budget" in web.get(f"/jobs/{waiting[0]}").text
+            overview = web.get("/").text
+            assert "Budget <strong>llm</strong>: tenant=acme has spent 0.3 of 0.3; 2 of its jobs wait" in overview
             metrics = web.get("/metrics").text
             assert 'joblane_budget_waiting_jobs{budget="llm",key="acme"} 2.0' in metrics, metrics
             assert 'joblane_budget_cap{budget="llm"} 0.3' in metrics

@@ -256,7 +256,8 @@ class Dashboard:
         def load() -> dict[str, Any]:
             return {"counts": self.data.queue_counts(), "minutes": self.data.throughput(),
                     "workers": self.data.workers(), "outbox": self.data.outbox_topics(),
-                    "paused": self.data.paused_queues()}
+                    "paused": self.data.paused_queues(),
+                    "capped": [b for b in self.data.budgets() if b["at_cap"]]}
 
         loaded = await self.db(load)
         refresh = _int_param(request, "refresh")
