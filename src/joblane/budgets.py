@@ -4,8 +4,9 @@
 cost of the jobs of queue ``leads`` at 20 per tenant per UTC day. A job
 reserves its estimate (a number in its payload, ``estimated_cost`` by
 default) when it starts; once its try has finished, the cost the task
-recorded (``job.record(cost=...)``, the ``cost`` field of ``attempts.meta``)
-replaces the estimate, so a try that overruns its estimate counts what it
+recorded (``job.record(cost=...)``, the ``cost`` field of ``attempts.meta``,
+else the amount of ``job.settle(...)``) replaces the estimate (a try that
+recorded neither counts its estimate), so a try that overruns its estimate counts what it
 really cost. When a key's spend in the current window reaches the cap, its
 jobs stay pending (``joblane jobs show`` says why) until the window rolls or
 the cap is raised (``joblane budgets set``); other keys go on.

@@ -122,3 +122,21 @@ def test_budget_declarations_and_command_line_refuse_bad_input(app):
     assert result.exit_code == 0 and "2 per month per org.id on queue q" in result.stdout, result.output
     assert cli_json(app, "budgets")[0]["window_seconds"] is None
     assert run_cli(app, "budgets", "clear", "x").exit_code == 0
+
+
+async def test_a_try_counts_what_it_settled_or_else_its_estimate(app, conn):
+    from joblane.testing import drain
+
+    app.budget("tokens", queue="t", per_day=100.0, estimate="estimated_cost", default_estimate=2.0)
+
+    @app.task("settles", queue="t")
+    async def settles(job: joblane.Job):
+        if job.payload.get("settle") is not None:
+            job.settle(job.payload["settle"])  # no cost field: the settled amount counts
+
+    app.enqueue_many(conn, [JobSpec("settles", {"settle": 3.0, "estimated_cost": 1.0}),
+                            JobSpec("settles", {"estimated_cost": 1.5}),  # records nothing: its estimate
+                            JobSpec("settles", {})])  # no estimate either: the default
+    await drain(app, timeout=20)
+    [row] = app.budget_status()
+    assert row["key"] == "" and row["spent"] + row["in_flight"] == pytest.approx(3.0 + 1.5 + 2.0)

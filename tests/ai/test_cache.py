@@ -97,3 +97,19 @@ async def test_a_failed_call_frees_its_key_and_the_ttl_and_clear_end_a_result(ap
     with pytest.raises(joblane.JoblaneError, match="cache_key"):
         from joblane.steps import cache_key
         cache_key("s", (object(),), {}, {})
+
+
+async def test_a_later_try_of_the_same_job_takes_over_its_own_claim(app, conn, joblane_dsn):
+    """A worker lost mid-call leaves a claim; the job's next try need not wait for it to run out."""
+    import asyncpg
+
+    from joblane import store
+
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        claim = app.store.cache_claim("k:1", "k", 7, 1, 120.0)
+        assert await store.records(c, claim)
+        assert not await store.records(c, app.store.cache_claim("k:1", "k", 8, 1, 120.0))  # another job waits
+        assert await store.records(c, app.store.cache_claim("k:1", "k", 7, 2, 120.0))  # the same job's next try
+    finally:
+        await c.close()

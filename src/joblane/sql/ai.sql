@@ -44,7 +44,7 @@ SELECT DISTINCT queue FROM {schema}.budgets WHERE queue = ANY($1::text[]);
 SELECT name FROM {schema}.budgets WHERE queue = $1 ORDER BY name FOR UPDATE;
 
 -- name: fold_budget_holds
--- Move the holds of queue $1's finished tries into budget_usage, each at the cost its try recorded (else its estimate); after lock_budgets.
+-- Move the holds of queue $1's finished tries into budget_usage, each at the cost its try recorded (the budget's cost field, else job.settle's amount, else its estimate); after lock_budgets.
 --
 -- A hold is in flight while its job is running the try that the claim
 -- started (same started_at). Once it is not, the try's attempts row is the
@@ -55,7 +55,9 @@ WITH b AS (
 ), finished AS (
     SELECT h.budget, h.key, h.window_start, h.job_id, h.started_at,
            coalesce((SELECT CASE WHEN jsonb_typeof(a.meta -> b.cost_field) = 'number'
-                                 THEN greatest(0, (a.meta ->> b.cost_field)::float8) END
+                                 THEN greatest(0, (a.meta ->> b.cost_field)::float8)
+                                 WHEN jsonb_typeof(a.meta -> 'settled_cost') = 'number'
+                                 THEN greatest(0, (a.meta ->> 'settled_cost')::float8) END
                        FROM {schema}.attempts AS a
                       WHERE a.job_id = h.job_id AND a.attempt = h.attempt
                         AND a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
@@ -199,7 +201,9 @@ WITH job AS (
            ) AS r
       LEFT JOIN LATERAL (
             SELECT CASE WHEN jsonb_typeof(a.meta -> b.cost_field) = 'number'
-                        THEN greatest(0, (a.meta ->> b.cost_field)::float8) END AS cost
+                        THEN greatest(0, (a.meta ->> b.cost_field)::float8)
+                        WHEN jsonb_typeof(a.meta -> 'settled_cost') = 'number'
+                        THEN greatest(0, (a.meta ->> 'settled_cost')::float8) END AS cost
               FROM {schema}.attempts AS a
              WHERE NOT r.running AND a.job_id = h.job_id AND a.attempt = h.attempt
                AND a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
@@ -222,7 +226,7 @@ SELECT b.name, b.queue, b.cap, b.window_seconds, array_to_string(b.key_path, '.'
  ORDER BY b.name, p.key;
 
 -- name: cache_claim
--- Claim cache key $1 (step $2) for job $3's attempt $4 for $5 seconds: a new key, an expired result or a claim that ran out; returns the key when this job is to make the call.
+-- Claim cache key $1 (step $2) for job $3's attempt $4 for $5 seconds: a new key, an expired result, a claim that ran out or one of an earlier try of this job; returns the key when this job is to make the call.
 --
 -- The primary key makes two racing jobs agree: one inserts the claim, the
 -- other finds the row and waits for its result (cache_hit) or for the claim
@@ -233,7 +237,10 @@ ON CONFLICT (key) DO UPDATE
    SET step = EXCLUDED.step, state = 'running', result = NULL, meta = NULL, job_id = EXCLUDED.job_id,
        attempt = EXCLUDED.attempt, claimed_until = EXCLUDED.claimed_until, created_at = now(),
        expires_at = NULL, hits = 0, last_hit_at = NULL
- WHERE (c.state = 'done' AND c.expires_at <= now()) OR (c.state = 'running' AND c.claimed_until <= now())
+ WHERE (c.state = 'done' AND c.expires_at <= now())
+    OR (c.state = 'running' AND (c.claimed_until <= now()
+                                 -- an earlier try of the same job (its worker was lost): this try takes over
+                                 OR (c.job_id = EXCLUDED.job_id AND c.attempt < EXCLUDED.attempt)))
 RETURNING c.key;
 
 -- name: cache_hit
