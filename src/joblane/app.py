@@ -519,6 +519,11 @@ class App:
         """Every budget with each key's spend in the current window (see joblane.budgets)."""
         return admin.budget_status(self, conn)
 
+    def set_budget_cap(self, name: str, cap: float, conn: Any = None) -> bool:
+        """Change a budget's cap in the database (running workers use it at their next claim); False when
+        there is no such budget. A worker whose app declares the budget writes its declaration at start."""
+        return admin.set_budget_cap(self, name, cap, conn)
+
     def pause_queue(self, conn: Any, queue: str, seconds: float, reason: str | None = None) -> dt.datetime:
         """Stop every worker from starting jobs of ``queue`` for ``seconds``; returns when the pause ends."""
         return admin.pause_queue(self, conn, queue, seconds, reason)

@@ -93,6 +93,8 @@ async def test_a_key_at_its_cap_waits_with_the_reason_shown_until_the_cap_is_rai
         assert result.exit_code == 0, result.output
         await until(lambda: done() == 6)
     assert json.loads(run_cli(app, "budgets", "--json").stdout)[0]["cap"] == 1.0
+    assert app.set_budget_cap("llm", 2.5) and not app.set_budget_cap("nothing", 1)
+    assert app.budget_status()[0]["cap"] == 2.5
 
 
 def test_budget_declarations_and_command_line_refuse_bad_input(app):
