@@ -17,7 +17,7 @@ from ..review.helpers import run_cli
 from .helpers import rows
 
 
-async def test_each_finished_try_is_a_record_with_its_usage_outcome_and_review_label(app, conn):
+async def test_each_finished_try_is_a_record_with_its_usage_outcome_and_review_label(app, conn, tmp_path):
     @app.task("classify", queue="ai", max_attempts=2, backoff=lambda attempt: 0.0)
     async def classify(job: joblane.Job):
         job.record(model="small-1", prompt_version="v3", input_tokens=100, output_tokens=20, cost=0.004)
@@ -76,10 +76,18 @@ async def test_each_finished_try_is_a_record_with_its_usage_outcome_and_review_l
         assert result.exit_code == 1 and message in result.stderr, result.output
         assert "\n" not in result.stderr.strip()
     try:
-        import pyarrow  # noqa: F401
+        import pyarrow.parquet as pq
     except ImportError:
         result = run_cli(app, "dataset", "export", "--format", "parquet", "-o", os.devnull + ".parquet")
         assert result.exit_code == 1 and "needs the parquet extra: pip install 'joblane[parquet]'" in result.stderr
+    else:
+        path = str(tmp_path / "tries.parquet")
+        result = run_cli(app, "dataset", "export", "--kind", "classify", "--format", "parquet", "-o", path)
+        assert result.exit_code == 0 and "wrote 6 records" in result.stdout, result.output
+        table = pq.read_table(path).to_pylist()
+        assert [(r["job_id"], r["attempt"]) for r in table] == [(r["job_id"], r["attempt"]) for r in records]
+        assert json.loads(table[0]["input"]) == {"text": "buy now"} and table[0]["cost"] == 0.004
+        assert {r["label"] for r in table} == {None, "approve_edited", "reject"}
 
 
 def _fabricate_tries(conn, app, kind: str, n: int) -> None:
