@@ -88,7 +88,8 @@ def test_release_and_reject_every_matching_held_job(app, conn):
     assert payloads == {i: {"v": 2} for i in drafts}
     audit = rows(conn, app, "SELECT job_id, outcome, error, meta FROM {attempts} ORDER BY job_id")
     assert [(a["job_id"], a["outcome"], a["error"], a["meta"]) for a in audit] == [
-        (i, "released", "new prompt", {"payload_patch": {"v": 2}}) for i in drafts]
+        (i, "released", "new prompt", {"label": "approve_edited", "payload_patch": {"v": 2},
+                                       "payload_before": {"v": 1}}) for i in drafts]
 
     out = cli_json(app, "reject", "--queue", "review", "--reason", "old prompt")
     assert out == {"rejected": sorted([other, listy]), "reason": "old prompt"}

@@ -70,6 +70,10 @@ def get_job(app: Any, job_id: int, conn: Any = None) -> dict[str, Any] | None:
         for a, w, s, f, o, e, m in store.fetch(conn, app.store.job_attempts(job_id))
     ]
     job["replays"] = [{"id": i, "state": s} for i, s in store.fetch(conn, app.store.job_replays(job_id))]
+    job["waiting_on"] = []  # the budgets whose cap holds this pending job back
+    if job["state"] == "pending":
+        job["waiting_on"] = [b for b in _budget_rows(store.fetch(conn, app.store.budget_spend(job_id)))
+                             if b["spent"] + b["in_flight"] >= b["cap"]]
     return job
 
 
@@ -279,7 +283,9 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, Any]:
 def replay(app: Any, conn: Any, *, ids: Sequence[int] | None = None, kind: str | None = None,
            queue: str | None = None, state: str | Sequence[str] | None = None, since: Any = None,
            until: Any = None, payload_patch: dict | None = None, skip_replayed: bool = False,
-           limit: int | None = None, dry_run: bool = False) -> list[dict[str, Any]]:
+           limit: int | None = None, dry_run: bool = False, tag: str | None = None) -> list[dict[str, Any]]:
+    if tag is not None:
+        check_tag(tag)
     if ids is None and kind is None and queue is None and state is None and since is None:
         raise JoblaneError("replay needs a filter: job ids, kind, queue, state or since")
     states = [state] if isinstance(state, str) else (list(state) if state is not None else None)
@@ -291,7 +297,7 @@ def replay(app: Any, conn: Any, *, ids: Sequence[int] | None = None, kind: str |
     patch = _patch_json(app, payload_patch)
     stmt = app.store.replay_jobs(list(ids) if ids is not None else None, kind, queue, states,
                                  parse_when(since, "since"), parse_when(until, "until"), skip_replayed, limit, patch,
-                                 dry_run, app.notify, app.channel)
+                                 dry_run, app.notify, app.channel, tag)
     rows = _rows(app, conn, stmt)
     if not dry_run and patch != "{}":
         not_object = [r for r in rows if r[6] != "object"]
@@ -304,6 +310,13 @@ def replay(app: Any, conn: Any, *, ids: Sequence[int] | None = None, kind: str |
         {"replay_of": old, "id": new, "kind": k, "queue": q, "state": s, "payload": json.loads(payload)}
         for old, new, k, q, s, payload, _, _ in rows
     ]
+
+
+def check_tag(tag: Any) -> str:
+    """A replay tag: 1-100 characters of letters, digits, '-', '_', '.', ':'."""
+    if not isinstance(tag, str) or not 1 <= len(tag) <= 100 or not all(c.isalnum() or c in "-_.:" for c in tag):
+        raise JoblaneError(f"a replay tag is 1-100 letters, digits, '-', '_', '.' or ':', got {tag!r}")
+    return tag
 
 
 # -- the attempt audit trail ---------------------------------------------------------
@@ -382,6 +395,146 @@ def pause_queue(app: Any, conn: Any, queue: str, seconds: float, reason: str | N
 
 def resume_queue(app: Any, conn: Any, queue: str) -> bool:
     return bool(_rows(app, conn, app.store.resume_queue(queue)))
+
+
+# -- budgets (spend caps) ----------------------------------------------------------------
+
+_BUDGET_KEYS = ("budget", "queue", "cap", "window_seconds", "key_field", "estimate_field", "default_estimate",
+                "cost_field", "window_start", "window_end", "key", "spent", "in_flight", "waiting")
+
+
+def _budget_rows(rows: list[tuple]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        item = dict(zip(_BUDGET_KEYS, row))
+        item["at_cap"] = item["key"] is not None and item["spent"] + item["in_flight"] >= item["cap"]
+        out.append(item)
+    return out
+
+
+def budget_status(app: Any, conn: Any = None) -> list[dict[str, Any]]:
+    """Every budget with each key's spend in its current window (settled, in flight) and the jobs it holds back;
+    a budget with no spend yet has one row with key None."""
+    return _budget_rows(_rows(app, conn, app.store.budget_spend(None)))
+
+
+def save_budget(app: Any, budget: Any, conn: Any = None) -> None:
+    """Write ``budget`` (a budgets.Budget), replacing the one of that name."""
+    _rows(app, conn, app.store.upsert_budget(*budget.args()))
+
+
+def set_budget_cap(app: Any, name: str, cap: Any, conn: Any = None) -> bool:
+    from .budgets import check_cap
+
+    return bool(_rows(app, conn, app.store.set_budget_cap(name, check_cap(cap))))
+
+
+def remove_budget(app: Any, name: str, conn: Any = None) -> bool:
+    return bool(_rows(app, conn, app.store.delete_budget(name)))
+
+
+# -- the dataset export ------------------------------------------------------------------
+
+DATASET_KEYS = ("attempt_id", "job_id", "kind", "queue", "attempt", "outcome", "started_at", "finished_at",
+                "latency_ms", "model", "prompt_version", "tokens", "cost", "error", "input", "output", "steps",
+                "label", "reviewer", "reviewed_at", "review_note", "review_edit", "replay_of", "replay_tag")
+_DATASET_JSON = ("input", "output", "steps", "review_edit")
+
+
+def dataset(app: Any, conn: Any = None, *, kind: str | None = None, queue: str | None = None, since: Any = None,
+            until: Any = None, page_size: int = 2000) -> Iterator[dict[str, Any]]:
+    """One record per finished try, oldest first, streamed through a server-side cursor (filters checked now):
+    input payload, output (the result, or the hold data), the steps, model, prompt version, tokens, cost,
+    latency, outcome, and the review label of a held try (approve, approve_edited with its edit, reject)."""
+    stmt = app.store.dataset_rows(kind, queue, parse_when(since, "since"), parse_when(until, "until"))
+    if conn is not None:
+        store.check_sync(conn, "dataset")
+    return _dataset_stream(app, conn, stmt, page_size)
+
+
+def _dataset_stream(app: Any, conn: Any, stmt: store.Statement, page_size: int) -> Iterator[dict[str, Any]]:
+    own = app.connect() if conn is None else None
+    try:
+        for row in store.stream(own or conn, stmt, page=page_size):
+            item = dict(zip(DATASET_KEYS, row))
+            for key in _DATASET_JSON:
+                if item[key] is not None:
+                    item[key] = json.loads(item[key])
+            yield item
+    finally:
+        if own is not None:
+            own.close()
+
+
+# -- replay comparisons ------------------------------------------------------------------
+
+_PAIR_KEYS = ("original_id", "kind", "original_state", "original_result", "original_tries", "original_held",
+              "original_cost", "original_latency_ms", "replay_id", "replay_state", "replay_result", "replay_tries",
+              "replay_held", "replay_cost", "replay_latency_ms", "changed")
+
+
+def _side(pairs: list[dict[str, Any]], side: str) -> dict[str, Any]:
+    states = [p[f"{side}_state"] for p in pairs]
+    n = len(pairs)
+    done, failed, cancelled = states.count("done"), states.count("failed"), states.count("cancelled")
+    finished = done + failed + cancelled
+    held = sum(1 for p in pairs if p[f"{side}_held"])
+    costs = [p[f"{side}_cost"] for p in pairs if p[f"{side}_cost"] is not None]
+    latencies = [p[f"{side}_latency_ms"] for p in pairs if p[f"{side}_latency_ms"] is not None]
+    return {
+        "jobs": n, "done": done, "failed": failed, "cancelled": cancelled, "held": states.count("held"),
+        "unfinished": n - finished - states.count("held"),
+        "success_rate": done / finished if finished else None,
+        "hold_rate": held / n if n else None,  # share of jobs with a try that was held for review
+        "tries": sum(p[f"{side}_tries"] for p in pairs),
+        "cost": sum(costs) if costs else None,
+        "cost_per_job": sum(costs) / n if costs else None,
+        "latency_ms_per_job": sum(latencies) / len(latencies) if latencies else None,
+    }
+
+
+def compare_replay(app: Any, tag: str, conn: Any = None) -> dict[str, Any]:
+    """The replays tagged ``tag`` against their originals: per side the jobs, success rate (done of the finished),
+    hold rate (jobs with a held try), tries, cost and time per job; how many outputs changed (both done, results
+    differ), how many failures the replay fixed and how many successes it lost; and every pair."""
+    check_tag(tag)
+    pairs = [dict(zip(_PAIR_KEYS, r)) for r in _rows(app, conn, app.store.compare_replay(tag))]
+    for p in pairs:
+        for key in ("original_result", "replay_result"):
+            p[key] = json.loads(p[key]) if p[key] is not None else None
+    return {
+        "tag": tag,
+        "original": _side(pairs, "original"),
+        "replay": _side(pairs, "replay"),
+        "changed": sum(1 for p in pairs if p["changed"]),
+        "fixed": sum(1 for p in pairs if p["replay_state"] == "done" and p["original_state"] != "done"),
+        "regressed": sum(1 for p in pairs if p["original_state"] == "done" and p["replay_state"] == "failed"),
+        "pairs": pairs,
+    }
+
+
+def replay_tags(app: Any, conn: Any = None, *, limit: int = 100) -> list[dict[str, Any]]:
+    """The replay tags in use, newest first."""
+    return [{"tag": t, "jobs": n, "first_at": first, "last_at": last}
+            for t, n, first, last in _rows(app, conn, app.store.replay_tags(limit))]
+
+
+# -- the step cache ----------------------------------------------------------------------
+
+_CACHE_KEYS = ("step", "entries", "expired", "calls_in_progress", "hits", "tokens_saved", "cost_saved", "oldest",
+               "last_hit")
+
+
+def cache_stats(app: Any, conn: Any = None) -> list[dict[str, Any]]:
+    """Per cached step: stored results, expired ones, calls in progress, hits, and what the hits saved."""
+    return [dict(zip(_CACHE_KEYS, r)) for r in _rows(app, conn, app.store.cache_stats())]
+
+
+def clear_cache(app: Any, conn: Any = None, *, older_than: Any = None, step: str | None = None) -> int:
+    """Delete cached results stored more than ``older_than`` ago (a duration; None: all) and expired ones,
+    of ``step`` or every step; returns how many."""
+    before = None if older_than is None else parse_when(older_than, "older_than")
+    return int(_rows(app, conn, app.store.cache_clear(before, step))[0][0])
 
 
 # -- the outbox -----------------------------------------------------------------------

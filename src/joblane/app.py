@@ -79,6 +79,7 @@ class App:
         self.declared: dict[str, Task] = {}
         self.periodic_tasks: dict[str, Any] = {}  # schedule name -> periodic.Schedule
         self.rate_limits: dict[str, Any] = {}  # queue -> ratelimit.Limit, written by every worker at start
+        self.budgets: dict[str, Any] = {}  # name -> budgets.Budget, written by every worker at start
         self.queries: Queries = for_schema(self.schema)
         self.store: store.Store = store.for_schema_store(self.schema)
         self.channel = f"{self.schema}_jobs"
@@ -466,16 +467,22 @@ class App:
     def replay(self, conn: Any, *, ids: Sequence[int] | None = None, kind: str | None = None,
                queue: str | None = None, state: str | Sequence[str] | None = None, since: Any = None,
                until: Any = None, payload_patch: dict | None = None, skip_replayed: bool = False,
-               limit: int | None = None, dry_run: bool = False) -> list[dict[str, Any]]:
+               limit: int | None = None, dry_run: bool = False, tag: str | None = None) -> list[dict[str, Any]]:
         """Insert new jobs copied from the matching ones, payload patched, ``replay_of`` set.
 
         Old rows are never edited. Without ``state`` only finished jobs match;
         ``since``/``until`` bound when they finished (a datetime, a timedelta
         or text such as "24h"). ``dry_run`` inserts nothing and returns what
-        would be inserted (``id`` None).
+        would be inserted (``id`` None). ``tag`` names the replay, for
+        ``compare_replay`` (``joblane compare TAG``).
         """
         return admin.replay(self, conn, ids=ids, kind=kind, queue=queue, state=state, since=since, until=until,
-                             payload_patch=payload_patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry_run)
+                             payload_patch=payload_patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry_run,
+                             tag=tag)
+
+    def compare_replay(self, tag: str, conn: Any = None) -> dict[str, Any]:
+        """The replays tagged ``tag`` against their originals: a summary per side and one row per pair."""
+        return admin.compare_replay(self, tag, conn)
 
     def list_attempts(self, conn: Any = None, **filters: Any) -> list[dict[str, Any]]:
         """Attempts newest first; filters: kind, queue, outcome, model, since, until, job_id, before_id, limit."""
@@ -500,6 +507,35 @@ class App:
         limit = make_limit(queue, **options)
         self.rate_limits[queue] = limit
         return limit
+
+    def dataset(self, conn: Any = None, **filters: Any) -> Iterator[dict[str, Any]]:
+        """One record per finished try (kind, queue, since, until), oldest first, streamed: input, output,
+        steps, model, prompt version, tokens, cost, latency, outcome and review label (admin.dataset)."""
+        return admin.dataset(self, conn, **filters)
+
+    def budget(self, name: str, **options: Any) -> Any:
+        """Cap the spend of a queue's jobs per key for every worker: ``app.budget("openai", queue="leads",
+        per_day=20.0, key="tenant", estimate="estimated_cost")``.
+
+        Written to the database by each worker at start. See joblane.budgets.
+        """
+        from .budgets import make_budget
+
+        budget = make_budget(name, **options)
+        if budget.queue in self.rate_limits:
+            raise JoblaneError(f"queue {budget.queue!r} has rate limits (app.limit): a queue takes limits or "
+                               f"budgets, not both")
+        self.budgets[name] = budget
+        return budget
+
+    def budget_status(self, conn: Any = None) -> list[dict[str, Any]]:
+        """Every budget with each key's spend in the current window (see joblane.budgets)."""
+        return admin.budget_status(self, conn)
+
+    def set_budget_cap(self, name: str, cap: float, conn: Any = None) -> bool:
+        """Change a budget's cap in the database (running workers use it at their next claim); False when
+        there is no such budget. A worker whose app declares the budget writes its declaration at start."""
+        return admin.set_budget_cap(self, name, cap, conn)
 
     def pause_queue(self, conn: Any, queue: str, seconds: float, reason: str | None = None) -> dt.datetime:
         """Stop every worker from starting jobs of ``queue`` for ``seconds``; returns when the pause ends."""

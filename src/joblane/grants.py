@@ -52,6 +52,12 @@ TABLES: dict[str, tuple[str, str]] = {
     "history_slices":   ("",                                                     "SELECT, INSERT, DELETE"),
     "history_attempts": ("",                                                     "SELECT, INSERT, DELETE"),
     "history_latency":  ("",                                                     "SELECT, INSERT, DELETE"),
+    # each worker writes its app's budgets at start; lock_budgets reads FOR UPDATE; the claim folds holds
+    "budgets":        ("",                                                       "SELECT, INSERT, UPDATE"),
+    "budget_usage":   ("",                                                       "SELECT, INSERT, UPDATE"),
+    "budget_holds":   ("",                                                       "SELECT, INSERT, DELETE"),
+    # cached steps: claim, fill, hit and release a key
+    "step_cache":     ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
 }
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).

@@ -326,9 +326,9 @@ class Store:
         return self._s("job_replays", job_id)
 
     def replay_jobs(self, ids, kind, queue, states, since, until, skip_replayed, limit, patch_json, dry_run,
-                    notify, channel) -> Statement:
+                    notify, channel, tag=None) -> Statement:
         return self._s("replay_jobs", ids, kind, queue, states, since, until, skip_replayed, limit, patch_json,
-                       dry_run, notify, channel)
+                       dry_run, notify, channel, tag)
 
     def list_attempts(self, kind, queue, outcome, model, since, until, job_id, before_id, limit) -> Statement:
         return self._s("list_attempts", kind, queue, outcome, model, since, until, job_id, before_id, limit)
@@ -363,6 +363,61 @@ class Store:
 
     def queue_limits_status(self) -> Statement:
         return self._s("queue_limits_status")
+
+    # -- ai.sql: budgets, cached steps, the dataset export, replay comparisons ---
+
+    def upsert_budget(self, name, queue, cap, window_seconds, key_path, estimate_path, default_estimate,
+                      cost_field) -> Statement:
+        return self._s("upsert_budget", name, queue, cap, window_seconds, key_path, estimate_path,
+                       default_estimate, cost_field)
+
+    def set_budget_cap(self, name, cap) -> Statement:
+        return self._s("set_budget_cap", name, cap)
+
+    def delete_budget(self, name) -> Statement:
+        return self._s("delete_budget", name)
+
+    def budgeted_queues(self, queues) -> Statement:
+        return self._s("budgeted_queues", queues)
+
+    def lock_budgets(self, queue) -> Statement:
+        return self._s("lock_budgets", queue)
+
+    def fold_budget_holds(self, queue) -> Statement:
+        return self._s("fold_budget_holds", queue)
+
+    def claim_jobs_budgeted(self, queue, limit, worker, lease_seconds) -> Statement:
+        return self._s("claim_jobs_budgeted", queue, limit, worker, lease_seconds)
+
+    def budget_spend(self, job_id) -> Statement:
+        return self._s("budget_spend", job_id)
+
+    def cache_claim(self, key, step, job_id, attempt, claim_seconds) -> Statement:
+        return self._s("cache_claim", key, step, job_id, attempt, claim_seconds)
+
+    def cache_hit(self, key) -> Statement:
+        return self._s("cache_hit", key)
+
+    def cache_fill(self, key, job_id, attempt, result_json, meta_json, ttl_seconds) -> Statement:
+        return self._s("cache_fill", key, job_id, attempt, result_json, meta_json, ttl_seconds)
+
+    def cache_release(self, key, job_id, attempt) -> Statement:
+        return self._s("cache_release", key, job_id, attempt)
+
+    def cache_stats(self) -> Statement:
+        return self._s("cache_stats")
+
+    def cache_clear(self, stored_before, step) -> Statement:
+        return self._s("cache_clear", stored_before, step)
+
+    def dataset_rows(self, kind, queue, since, until) -> Statement:
+        return self._s("dataset_rows", kind, queue, since, until)
+
+    def compare_replay(self, tag) -> Statement:
+        return self._s("compare_replay", tag)
+
+    def replay_tags(self, limit) -> Statement:
+        return self._s("replay_tags", limit)
 
     # -- periodic.sql: the scheduler --------------------------------------------
 

@@ -46,21 +46,31 @@ class Job:
     meta: dict[str, Any] = field(default_factory=dict)
     _steps: Any = field(default=None, repr=False, compare=False)
 
-    async def step(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def step(self, name: str, fn: Any, *args: Any, cache: bool = False, ttl: Any = "7d",
+                   cache_key: str | None = None, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` (plain or async) once per job: a retry gets the stored JSON result.
 
         ``await job.step("classify", call_model, text)``. The result is saved
         as soon as the step succeeds, so a failure in a later step does not
         repeat this one. Step names are unique within a job.
+
+        ``cache=True`` lets any job reuse the result of an identical call for
+        ``ttl`` (``"7d"``; None: until cleared), keyed by the step name and a
+        hash of the arguments, the model and prompt version recorded so far
+        (or ``cache_key``). See joblane.steps.
         """
         if self._steps is None:
             raise RuntimeError("job.step needs a worker (or joblane.testing.drain) to run the job")
+        if cache:
+            return await self._steps.run_cached(name, fn, args, kwargs, meta=self.meta, ttl=ttl, key=cache_key)
         return await self._steps.run(name, fn, *args, **kwargs)
 
     def step_sync(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``step`` for plain (threaded) tasks."""
         if self._steps is None:
             raise RuntimeError("job.step_sync needs a worker (or joblane.testing.drain) to run the job")
+        if {"cache", "ttl", "cache_key"} & kwargs.keys():
+            raise ValueError("a cached step is async: await job.step(name, fn, ..., cache=True)")
         return self._steps.run_sync(name, fn, *args, **kwargs)
 
     def record(self, **fields: Any) -> None:

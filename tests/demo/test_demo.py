@@ -70,6 +70,14 @@ def test_demo_accounts_for_every_lead_through_crashes(joblane_dsn):
         assert s["review"]["released"] is not None and s["review"]["released_in_crm"] is True
         assert s["model"]["calls"] >= s["model"]["answered"] > 0 and s["model"]["tokens_in"] > 0
 
+        # the AI tour: tenant acme reached its spend cap and waited until it was raised; the lead scored
+        # twice made one model call (a cache hit)
+        tour = s["ai_tour"]
+        assert tour["ran"] and tour["cap"]["waiting"] > 0 and tour["cap"]["spent"] >= tour["cap"]["cap"]
+        assert tour["cache"]["hits"] >= 1
+        if "compare" in tour:  # the first prompt failed some scores: their replays are compared
+            assert tour["compare"]["replay"]["jobs"] == tour["compare"]["original"]["failed"]
+
         # and the database agrees, read directly
         with psycopg.connect(joblane_dsn, autocommit=True) as conn:
             q = quote_ident(schema)

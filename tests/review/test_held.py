@@ -49,7 +49,9 @@ async def test_hold_then_release_with_patch_runs_the_patched_payload(app, conn):
     assert [(a["attempt"], a["outcome"]) for a in audit] == [(1, "held"), (1, "released"), (2, "done")]
     assert audit[0]["meta"]["hold_data"]["confidence"] == 0.41 and audit[0]["meta"]["model"] == "small-1"
     assert audit[1]["worker"] == "ana" and audit[1]["error"] == "edited the draft"
-    assert audit[1]["meta"] == {"payload_patch": {"approved": True, "draft_version": 2}}
+    # the review label: approved with an edit, the values it replaced kept beside it
+    assert audit[1]["meta"] == {"label": "approve_edited", "payload_patch": {"approved": True, "draft_version": 2},
+                                "payload_before": {"draft_version": 1}}
     [job] = rows(conn, app, "SELECT state, result FROM {jobs} WHERE id = %s", (job_id,))
     assert job == {"state": "done", "result": {"sent": 2}}
 

@@ -208,6 +208,10 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
                   "-" if job["result"] is None else escape(json.dumps(job["result"], indent=2)))
     if job.get("replays"):
         table.add_row("replayed by", ", ".join(f"{r['id']} ({r['state']})" for r in job["replays"]))
+    for b in job.get("waiting_on") or ():
+        table.add_row("waiting on", escape(
+            f"budget {b['budget']}: {b['key'] or 'the queue'} spent {b['spent'] + b['in_flight']:g} of"
+            f" {b['cap']:g} (in flight {b['in_flight']:g}) until {show_time(b['window_end'])}"))
     print_table(table)
     if job["attempt_rows"]:
         at = Table(title="attempts")

@@ -176,12 +176,13 @@ def reject(ctx: click.Context, job_id: int | None, kind, queue, since, until, re
 @click.option("--skip-replayed", is_flag=True, help="Leave out jobs that already have a replay.")
 @click.option("--limit", type=click.IntRange(1), help="Replay at most this many (oldest ids first).")
 @click.option("--dry-run", is_flag=True, help="Show what would be inserted; insert nothing.")
+@click.option("--tag", help="Tag the new jobs (e.g. v2-prompt), to weigh them against the originals: joblane compare TAG.")
 @click.option("-y", "--yes", is_flag=True,
               help=f"Go ahead without asking, however many jobs match (asked above {CONFIRM_OVER}).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def replay(ctx: click.Context, job_ids, kind, queue, states, since, until, sets, skip_replayed, limit, dry_run,
-           yes, as_json) -> None:
+           tag, yes, as_json) -> None:
     """Insert new jobs copied from matching ones (payload patched, replay_of set); the old rows stay as they are.
 
     More than a hundred jobs are counted and asked about first (--yes to go
@@ -195,7 +196,7 @@ def replay(ctx: click.Context, job_ids, kind, queue, states, since, until, sets,
     def run(dry: bool) -> list[dict[str, Any]]:
         return run_or_fail(lambda: app.replay(
             None, ids=list(job_ids) or None, kind=kind, queue=queue, state=list(states) or None, since=since,
-            until=until, payload_patch=patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry))
+            until=until, payload_patch=patch, skip_replayed=skip_replayed, limit=limit, dry_run=dry, tag=tag))
 
     few = (limit is not None and limit <= CONFIRM_OVER) or (job_ids and len(job_ids) <= CONFIRM_OVER)
     n = None
@@ -226,6 +227,8 @@ def replay(ctx: click.Context, job_ids, kind, queue, states, since, until, sets,
         console.print(f"[dim]... and {len(rows) - len(shown)} more (--json lists them all)[/dim]")
     if dry_run:
         console.print("[dim]dry run: nothing was inserted[/dim]")
+    elif tag:
+        console.print(f"[dim]tagged {escape(tag)}: joblane compare {escape(tag)}[/dim]")
 
 
 # -- the attempt audit trail ---------------------------------------------------

@@ -14,7 +14,11 @@ What one run does:
    restarted at once;
 6. once everything settles, a reviewer's turn through the CLI: one held lead
    released with a decision, one rejected;
-7. the summary: every lead is in the CRM (once), not qualified, held,
+7. the AI tour: leads scored under a spend cap per tenant (reached, then
+   raised with ``joblane budgets set``), one lead twice (its model call is
+   cached: the second job makes none), and the scores a first prompt failed
+   replayed with a second prompt and compared (``joblane compare``);
+8. the summary: every lead is in the CRM (once), not qualified, held,
    rejected or failed with a reason; exit 0 only when that holds.
 """
 
@@ -77,6 +81,7 @@ class Options:
     port: int = 0
     timeout: float = 150.0
     as_json: bool = False
+    ai_tour: bool = True
 
 
 # -- processes -------------------------------------------------------------------
@@ -239,6 +244,7 @@ class Demo:
         self.worker_crash: dict[str, Any] = {"done": False}
         self.relay_crash: dict[str, Any] = {"done": False}
         self.review: dict[str, Any] = {"released": None, "released_lead": None, "rejected": None, "commands": []}
+        self.tour: dict[str, Any] = {"ran": False, "commands": []}
         self._servers: list[Any] = []
         self._conn: Any = None
         self._live: Live | None = None
@@ -418,6 +424,88 @@ class Demo:
                 self.review["released_lead"] = held[0]["payload"]["lead_id"]
             self.event(f"reviewer: {escape(shown)}")
 
+    async def cli(self, *args: str) -> str:
+        """`joblane ARGS` as a person would type it; its output (a failure stops the demo)."""
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "joblane", *args, env=self.env,
+                                                    cwd=self.cwd, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        shown = shlex.join(["joblane", *args])
+        if proc.returncode != 0:
+            raise DemoError(f"`{shown}` failed: {out.decode(errors='replace').strip()}")
+        self.tour["commands"].append(shown)
+        self.event(f"ai tour: {escape(shown)}")
+        return out.decode(errors="replace")
+
+    async def _score_jobs_settle(self, deadline: float) -> None:
+        """Wait until no score job is pending or running."""
+        while time.monotonic() < deadline:
+            self.check_children()
+            [(unfinished, _)] = await self.query("demo_tour_unfinished")
+            if unfinished == 0:
+                return
+            await asyncio.sleep(0.3)
+        raise TimeoutError
+
+    async def _acme_at_cap(self, deadline: float) -> dict[str, Any] | None:
+        """Wait until tenant acme has spent its cap (settled) with score jobs held back; its budget row then."""
+        from .. import admin
+
+        while time.monotonic() < deadline:
+            self.check_children()
+            status = [b for b in await asyncio.to_thread(admin.budget_status, self.app) if b["key"] == "acme"]
+            if status and status[0]["spent"] >= status[0]["cap"] and status[0]["waiting"] > 0:
+                return status[0]
+            [(unfinished, _)] = await self.query("demo_tour_unfinished")
+            if unfinished == 0:
+                return None
+            await asyncio.sleep(0.3)
+        raise TimeoutError
+
+    async def ai_tour(self, deadline: float) -> None:
+        """A spend cap reached and raised, a cached model call, a replay with a new prompt compared."""
+        from joblane import JobSpec
+
+        from .lead_intake import db
+
+        lead_ids = [r["id"] for r in await db.rows(self._conn, "enriched_ids", self.schema, 7)]
+        if len(lead_ids) < 2:
+            return
+        self.tour["ran"] = True
+        # tenant acme scores 7 leads, the first twice; each call is estimated at (and costs) 0.001, the cap is 0.004
+        specs = [JobSpec("score", {"lead_id": i, "tenant": "acme", "estimated_cost": 0.001}, queue="ai")
+                 for i in [*lead_ids, lead_ids[0]]]
+        with self.app.connect() as conn:
+            ids = await asyncio.to_thread(self.app.enqueue_many, conn, specs)
+        self.event(f"ai tour: {len(ids)} score jobs for tenant acme, under budget ai-spend (0.004 a day)")
+        capped = await self._acme_at_cap(deadline)
+        if capped is not None:
+            self.tour["cap"] = {"budget": "ai-spend", "key": "acme", "spent": round(capped["spent"], 6),
+                                "cap": capped["cap"], "waiting": capped["waiting"]}
+            self.event(f"ai tour: acme spent {capped['spent']:g} of {capped['cap']:g}:"
+                       f" {capped['waiting']} score jobs wait for the cap to rise")
+            await self.cli("budgets", "set", "ai-spend", "--cap", "1")
+            self.tour["cap"]["raised_to"] = 1.0
+        await self._score_jobs_settle(deadline)
+        jobs = [await asyncio.to_thread(self.app.get_job, i) for i in ids]
+        metas = [a["meta"] or {} for job in jobs for a in job["attempt_rows"]]
+        notes = [n for m in metas for n in m.get("cache", [])]
+        self.tour["cache"] = {"calls": sum(1 for n in notes if not n["hit"]), "hits": sum(1 for n in notes if n["hit"]),
+                              "cost_saved": round(sum(n.get("cost_saved", 0) for n in notes if n["hit"]), 6)}
+        failed = sum(1 for job in jobs if job["state"] == "failed")
+        if failed:
+            await self.cli("replay", "--kind", "score", "--state", "failed", "--set", "prompt_version=score-v2",
+                           "--tag", "score-v2", "--yes")
+            await self._score_jobs_settle(deadline)
+            report = await asyncio.to_thread(self.app.compare_replay, "score-v2")
+            self.tour["compare"] = {"tag": "score-v2", "changed": report["changed"], "fixed": report["fixed"],
+                                    "regressed": report["regressed"],
+                                    **{side: {k: report[side][k] for k in ("jobs", "done", "failed", "success_rate",
+                                                                            "cost", "latency_ms_per_job")}
+                                       for side in ("original", "replay")}}
+            self.event(f"ai tour: replayed {failed} failed scores with prompt score-v2:"
+                       f" `joblane compare score-v2` shows {report['fixed']} fixed")
+
     # -- watching -----------------------------------------------------------------
 
     async def refresh(self) -> None:
@@ -517,6 +605,8 @@ class Demo:
                     if self.o.review:
                         await self.reviewer()
                         await self._watch(background, deadline)
+                    if self.o.ai_tour:
+                        await self.ai_tour(deadline)
                 finally:
                     for task in background:
                         task.cancel()
@@ -644,6 +734,7 @@ class Demo:
                     "read_back_searches": self.crm.stats["searches"]},
             "worker_crash": worker_crash,
             "relay_crash": relay_crash,
+            "ai_tour": self.tour,
             "submit_seconds": round(self.submit_seconds, 2),
             "wall_seconds": round(self.elapsed(), 2),
             "logs": str(self.run_dir),
@@ -702,6 +793,26 @@ def print_summary(s: dict[str, Any], wall: float) -> None:
                       f"{found} already created in the CRM but not marked sent: read-back found "
                       f"{'it' if found == 1 else 'them'} ({r['posted_again']} posted twice)"
                       + (f"; {rest} sent again" if rest else ""))
+    t = s.get("ai_tour") or {}
+    if t.get("cap"):
+        c = t["cap"]
+        table.add_row("spend cap", f"budget {c['budget']}: tenant {c['key']} spent {c['spent']:g} of {c['cap']:g} a day "
+                      f"and {_n(c['waiting'], 'score job')} waited (pending, claimed by no worker) until "
+                      f"`joblane budgets set {c['budget']} --cap {c.get('raised_to', 0):g}` raised it")
+    if t.get("cache"):
+        c = t["cache"]
+        table.add_row("cached model call", f"{c['calls']} calls made for the score jobs, {c['hits']} answered from "
+                      f"the step cache (cost saved {c['cost_saved']:g})")
+    if t.get("compare"):
+        c = t["compare"]
+
+        def side(d: dict) -> str:
+            rate = "-" if d["success_rate"] is None else f"{d['success_rate'] * 100:.0f}%"
+            return f"{d['done']}/{d['jobs']} done ({rate}), cost {d['cost'] or 0:g}"
+
+        table.add_row("replay compared", f"`joblane compare {c['tag']}`: first prompt {side(c['original'])}; "
+                      f"second prompt {side(c['replay'])}; {c['fixed']} fixed, {c['regressed']} lost, "
+                      f"{c['changed']} changed")
     table.add_row("wall time", f"{wall:.1f}s ({s['database']}, schema {s['schema']})")
     if s["accounted"]:
         table.add_row("verdict", "[green]every lead is accounted for[/green]")

@@ -42,3 +42,8 @@ SELECT state, count(*), count(*) FILTER (WHERE attempts > 1) FROM {schema}.outbo
 SELECT coalesce(idempotency_key, 'outbox:' || id)
   FROM {schema}.outbox
  WHERE state = 'pending' AND lease_until > now();
+
+-- name: demo_tour_unfinished
+-- Score jobs still pending or running, and of those how many are running.
+SELECT count(*), count(*) FILTER (WHERE state = 'running') FROM {schema}.jobs
+ WHERE kind = 'score' AND state IN ('pending', 'running');

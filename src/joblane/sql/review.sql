@@ -33,7 +33,7 @@ SELECT j.id, j.queue, j.kind, j.attempts, coalesce(h.finished_at, j.created_at) 
 -- a patch is left held and reported by the caller. The try that was held
 -- already spent its attempt; the budget grows by one if it was the last.
 WITH target AS (
-    SELECT id
+    SELECT id, payload AS before
       FROM {schema}.jobs
      WHERE state = 'held'
        AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
@@ -56,11 +56,16 @@ WITH target AS (
      WHERE j.id = ANY(ARRAY(SELECT id FROM target)) AND j.id = target.id
  RETURNING j.id, j.queue, j.attempts
 ), audit AS (
+    -- the review label: approve, or approve_edited with the edit (the patch and the values it replaced)
     INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error, meta)
-    SELECT id, attempts, $7, now(), 'released', $8,
-           CASE WHEN $6::text::jsonb = '{}'::jsonb THEN NULL
-                ELSE jsonb_build_object('payload_patch', $6::text::jsonb) END
-      FROM released
+    SELECT r.id, r.attempts, $7, now(), 'released', $8,
+           CASE WHEN $6::text::jsonb = '{}'::jsonb THEN jsonb_build_object('label', 'approve')
+                ELSE jsonb_build_object('label', 'approve_edited', 'payload_patch', $6::text::jsonb,
+                                        'payload_before', (SELECT coalesce(jsonb_object_agg(k, t.before -> k), '{}')
+                                                             FROM jsonb_object_keys($6::text::jsonb) AS k
+                                                            WHERE t.before ? k)) END
+      FROM released AS r
+      JOIN target AS t ON t.id = r.id
 ), notified AS (
     SELECT pg_notify($10, queue) FROM (SELECT DISTINCT queue FROM released) AS q WHERE $9::bool
 )
@@ -86,8 +91,8 @@ WITH target AS (
      WHERE j.id = ANY(ARRAY(SELECT id FROM target)) AND j.id = target.id
  RETURNING j.id, j.attempts
 ), audit AS (
-    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error)
-    SELECT id, attempts, $7, now(), 'rejected', $6 FROM rejected
+    INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, outcome, error, meta)
+    SELECT id, attempts, $7, now(), 'rejected', $6, jsonb_build_object('label', 'reject') FROM rejected
 )
 SELECT id FROM rejected;
 
@@ -96,7 +101,7 @@ SELECT id FROM rejected;
 SELECT id, state FROM {schema}.jobs WHERE replay_of = $1 ORDER BY id;
 
 -- name: replay_jobs
--- Insert copies of the jobs matching ids $1, kind $2, queue $3, states $4, finished (or created) in [$5, $6), with payload || $9 and replay_of set; nothing is inserted when $10 (dry run).
+-- Insert copies of the jobs matching ids $1, kind $2, queue $3, states $4, finished (or created) in [$5, $6), with payload || $9, replay_of set and tagged $13; nothing is inserted when $10 (dry run).
 --
 -- Replays are inserts: the matched rows are read, never updated. $4 NULL
 -- means finished jobs only (done, failed, cancelled); $7 skips jobs that
@@ -121,8 +126,8 @@ WITH matched AS (
      ORDER BY j.id
      LIMIT $8
 ), inserted AS (
-    INSERT INTO {schema}.jobs (queue, kind, payload, priority, max_attempts, replay_of)
-    SELECT m.queue, m.kind, m.payload, m.priority, m.max_attempts, m.id
+    INSERT INTO {schema}.jobs (queue, kind, payload, priority, max_attempts, replay_of, replay_tag)
+    SELECT m.queue, m.kind, m.payload, m.priority, m.max_attempts, m.id, $13::text
       FROM matched AS m
      WHERE NOT $10::bool
        AND ($9::text::jsonb = '{}'::jsonb

@@ -19,6 +19,43 @@ CREATE INDEX attempts_job ON {schema}.attempts USING btree (job_id, attempt);
 CREATE INDEX attempts_model ON {schema}.attempts USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
 CREATE INDEX attempts_outcome ON {schema}.attempts USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
 
+CREATE TABLE {schema}.budget_holds (
+    attempt integer NOT NULL,
+    budget text NOT NULL,
+    estimate double precision NOT NULL,
+    job_id bigint NOT NULL,
+    key text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    window_start timestamp with time zone NOT NULL,
+    CONSTRAINT budget_holds_pkey PRIMARY KEY (budget, job_id, started_at)
+);
+
+CREATE TABLE {schema}.budget_usage (
+    budget text NOT NULL,
+    key text NOT NULL,
+    spent double precision DEFAULT 0 NOT NULL,
+    tries bigint DEFAULT 0 NOT NULL,
+    window_start timestamp with time zone NOT NULL,
+    CONSTRAINT budget_usage_pkey PRIMARY KEY (budget, window_start, key)
+);
+
+CREATE TABLE {schema}.budgets (
+    cap double precision NOT NULL,
+    cost_field text DEFAULT 'cost'::text NOT NULL,
+    default_estimate double precision DEFAULT 0 NOT NULL,
+    estimate_path text[],
+    key_path text[],
+    name text NOT NULL,
+    queue text NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    window_seconds double precision,
+    CONSTRAINT budgets_cap_check CHECK ((cap > (0)::double precision)),
+    CONSTRAINT budgets_default_estimate_check CHECK ((default_estimate >= (0)::double precision)),
+    CONSTRAINT budgets_pkey PRIMARY KEY (name),
+    CONSTRAINT budgets_window_seconds_check CHECK ((window_seconds > (0)::double precision))
+);
+CREATE INDEX budgets_queue ON {schema}.budgets USING btree (queue);
+
 CREATE TABLE {schema}.history_attempts (
     attempts bigint NOT NULL,
     kind text NOT NULL,
@@ -75,6 +112,7 @@ CREATE TABLE {schema}.jobs (
     priority smallint DEFAULT 0 NOT NULL,
     queue text DEFAULT 'default'::text NOT NULL,
     replay_of bigint,
+    replay_tag text,
     result jsonb,
     run_after timestamp with time zone DEFAULT now() NOT NULL,
     started_at timestamp with time zone,
@@ -93,6 +131,7 @@ CREATE INDEX jobs_held ON {schema}.jobs USING btree (queue, id) WHERE (state = '
 CREATE INDEX jobs_lease ON {schema}.jobs USING btree (lease_until) WHERE (state = 'running'::text);
 CREATE INDEX jobs_ready ON {schema}.jobs USING btree (queue, priority, run_after, id) WHERE (state = 'pending'::text);
 CREATE INDEX jobs_replay_of ON {schema}.jobs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
+CREATE INDEX jobs_replay_tag ON {schema}.jobs USING btree (replay_tag, replay_of) WHERE (replay_tag IS NOT NULL);
 CREATE UNIQUE INDEX jobs_unique_key ON {schema}.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text])));
 
 CREATE TABLE {schema}.outbox (
@@ -183,3 +222,21 @@ CREATE TABLE {schema}.queue_starts (
     started_at timestamp with time zone NOT NULL
 );
 CREATE INDEX queue_starts_window ON {schema}.queue_starts USING btree (queue, started_at);
+
+CREATE TABLE {schema}.step_cache (
+    attempt integer,
+    claimed_until timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone,
+    hits bigint DEFAULT 0 NOT NULL,
+    job_id bigint,
+    key text NOT NULL,
+    last_hit_at timestamp with time zone,
+    meta jsonb,
+    result jsonb,
+    state text NOT NULL,
+    step text NOT NULL,
+    CONSTRAINT step_cache_pkey PRIMARY KEY (key),
+    CONSTRAINT step_cache_state_check CHECK ((state = ANY (ARRAY['running'::text, 'done'::text])))
+);
+CREATE INDEX step_cache_created ON {schema}.step_cache USING btree (created_at);

@@ -163,6 +163,19 @@ class Data:
     def failed_recent(self, seconds: float) -> dict[str, int]:
         return dict(self._rows(self.app.store.dashboard_failed_recent(float(seconds))))
 
+    def budgets(self) -> list[dict[str, Any]]:
+        """Every budget with each key's spend in its current window (App.budget_status)."""
+        with self.connection() as conn:
+            return self.app.budget_status(conn)
+
+    def replay_tags(self) -> list[dict[str, Any]]:
+        with self.connection() as conn:
+            return admin.replay_tags(self.app, conn)
+
+    def compare_replay(self, tag: str) -> dict[str, Any]:
+        with self.connection() as conn:
+            return self.app.compare_replay(tag, conn)
+
     def attempt_outcomes(self, seconds: float) -> dict[str, int]:
         return dict(self._rows(self.app.store.dashboard_attempt_outcomes(float(seconds))))
 

@@ -71,6 +71,25 @@ class JoblaneCollector(Collector):
         expired.add_metric([], sum(1 for w in workers if w["expired"]))
         yield expired
 
+        spend = GaugeMetricFamily("joblane_budget_spend",
+                                  "Spend per budget and key in the current window (settled plus estimates in flight).",
+                                  labels=["budget", "key"])
+        cap = GaugeMetricFamily("joblane_budget_cap", "The cap of each budget per window.", labels=["budget"])
+        waiting = GaugeMetricFamily("joblane_budget_waiting_jobs",
+                                    "Pending jobs held back because their key has reached its budget's cap.",
+                                    labels=["budget", "key"])
+        capped: set[str] = set()
+        for b in self.data.budgets():
+            if b["budget"] not in capped:
+                capped.add(b["budget"])
+                cap.add_metric([b["budget"]], b["cap"])
+            if b["key"] is not None:
+                spend.add_metric([b["budget"], b["key"]], b["spent"] + b["in_flight"])
+                waiting.add_metric([b["budget"], b["key"]], b["waiting"])
+        yield spend
+        yield cap
+        yield waiting
+
         messages = GaugeMetricFamily("joblane_outbox_messages",
                                      "Outbox rows per topic: pending and failed (exact), sent in the last hour.",
                                      labels=["topic", "state"])

@@ -355,7 +355,8 @@ class Dashboard:
         def load() -> dict[str, Any]:
             return {"counts": self.data.queue_counts(), "minutes": self.data.throughput(),
                     "workers": self.data.workers(), "outbox": self.data.outbox_topics(),
-                    "paused": self.data.paused_queues()}
+                    "paused": self.data.paused_queues(),
+                    "capped": [b for b in self.data.budgets() if b["at_cap"]]}
 
         loaded = await self.db(load)
         return {**loaded, "chart": throughput_chart(loaded["minutes"]), "states": JOB_STATES}
@@ -427,6 +428,24 @@ class Dashboard:
             next_url = "/review?" + urlencode({**keep, "after": f"{last['held_since'].isoformat()},{last['id']}"})
         return self.render(request, "review.html", held=rows, queue=queue, next_url=next_url,
                            first_url=("/review?" + urlencode(keep)) if after is not None else None)
+
+    async def compare(self, request: Request) -> Response:
+        """Replays tagged TAG against their originals (joblane compare TAG); without a tag, the tags in use."""
+        tag = request.path_params.get("tag")
+        tags = await self.db(self.data.replay_tags)
+        report = None
+        if tag is not None:
+            try:
+                report = await self.db(self.data.compare_replay, tag)
+            except JoblaneError as exc:
+                raise HTTPException(400, str(exc)) from None
+            if not report["pairs"]:
+                raise HTTPException(404, f"no replays tagged {tag!r}")
+        job_id = _int_param(request, "job")
+        pair = None
+        if report is not None and job_id is not None:
+            pair = next((p for p in report["pairs"] if job_id in (p["original_id"], p["replay_id"])), None)
+        return self.render(request, "compare.html", tags=tags, tag=tag, report=report, pair=pair)
 
     async def outbox(self, request: Request) -> Response:
         before = _int_param(request, "before")
@@ -781,6 +800,8 @@ class Dashboard:
             Route("/replay", self.replay_page, methods=["GET"]),
             Route("/replay", self.act_replay, methods=["POST"]),
             Route("/replay/preview", self.replay_preview, methods=["POST"]),
+            Route("/compare", self.compare, methods=["GET"]),
+            Route("/compare/{tag:str}", self.compare, methods=["GET"]),
             Route("/outbox", self.outbox, methods=["GET"]),
             Route("/outbox/retry", self.act_outbox, methods=["POST"]),
             Route("/outbox/discard", self.act_outbox_discard, methods=["POST"]),

@@ -42,12 +42,15 @@ class Limiter:
     """
 
     def __init__(self, store: Store, queues: list[str], limits: Mapping[str, Limit], *, wake: Callable[[], None],
-                 refresh_interval: float = 2.0):
+                 refresh_interval: float = 2.0, budgets: Mapping[str, Any] | None = None):
         self.store = store
         self.queues = list(queues)
         self.limits = limits
+        self.budgets = budgets or {}  # name -> budgets.Budget, written at start like the limits
         self.refresh_interval = refresh_interval
         self.limited: set[str] = set()
+        self.budgeted: set[str] = set()  # queues with spend caps (budgets): the budgeted claim
+        self._warned: set[str] = set()
         self.active = False
         self._wake = wake
         self._paused: dict[str, float] = {}  # queue -> time.monotonic() when the pause ends
@@ -66,6 +69,8 @@ class Limiter:
                 async with pool.acquire() as conn:
                     for limit in self.limits.values():
                         await store.run(conn, self.store.upsert_queue_limit(*limit.args()))
+                    for budget in self.budgets.values():
+                        await store.run(conn, self.store.upsert_budget(*budget.args()))
                     await self._refresh(conn)
                 return
             except asyncio.CancelledError:
@@ -101,6 +106,7 @@ class Limiter:
         rows = await store.records(conn, self.store.queue_controls(self.queues))
         now = time.monotonic()
         self.limited = {r[0] for r in rows if r[1]}
+        self.budgeted = {r[0] for r in await store.records(conn, self.store.budgeted_queues(self.queues))}
         paused = {r[0]: now + float(r[2]) for r in rows if not r[1]}
         for queue in self._recording & self._paused.keys():
             paused[queue] = max(paused.get(queue, 0.0), self._paused[queue])
@@ -110,7 +116,7 @@ class Limiter:
             self._wake_at(min(self._paused.values()))
 
     def _update(self) -> None:
-        self.active = bool(self.limited) or any(q in self.queues for q in self._paused)
+        self.active = bool(self.limited) or bool(self.budgeted) or any(q in self.queues for q in self._paused)
 
     def _wake_at(self, at: float) -> None:
         """Wake the claim loop at monotonic time ``at`` (keeps only the earliest pending wake-up)."""
@@ -163,8 +169,9 @@ class Limiter:
             for queue in [q for q, until in self._paused.items() if until <= now]:
                 del self._paused[queue]
             self._update()
-        plain = [q for q in self.queues if q not in self.limited and q not in self._paused]
-        groups: list[str | None] = [q for q in self.queues if q in self.limited and q not in self._paused]
+        controlled = self.limited | self.budgeted
+        plain = [q for q in self.queues if q not in controlled and q not in self._paused]
+        groups: list[str | None] = [q for q in self.queues if q in controlled and q not in self._paused]
         if plain:
             groups.append(None)
         if self._paused:
@@ -182,7 +189,9 @@ class Limiter:
                     rows.extend(await store.records(conn, self.store.claim_jobs(plain, want, worker, lease)))
             else:
                 want = min(n, run_free) - len(rows)
-                if want > 0:
+                if want > 0 and group in self.budgeted:
+                    rows.extend(await self._claim_budgeted(conn, group, want, worker, lease))
+                elif want > 0:
                     rows.extend(await self._claim_limited(conn, group, want, worker, lease))
         return rows
 
@@ -190,6 +199,21 @@ class Limiter:
         async with conn.transaction():
             await store.records(conn, self.store.lock_queue_limit(queue))
             result = await store.records(conn, self.store.claim_jobs_limited(queue, n, worker, lease))
+        rows = [r for r in result if r[0] is not None]
+        retry_in = result[0]["retry_in"] if result else None
+        if len(rows) < n and retry_in is not None and retry_in > 0:
+            self._wake_at(time.monotonic() + retry_in)
+        return rows
+
+    async def _claim_budgeted(self, conn: Any, queue: str, n: int, worker: str, lease: float) -> list:
+        """The claim of a queue with spend caps (sql/ai.sql): keys at their cap get no job until their window rolls."""
+        if queue in self.limited and queue not in self._warned:
+            self._warned.add(queue)
+            log.warning("queue %s has both rate limits and budgets: its claims follow the budgets only", queue)
+        async with conn.transaction():
+            await store.records(conn, self.store.lock_budgets(queue))
+            await store.records(conn, self.store.fold_budget_holds(queue))
+            result = await store.records(conn, self.store.claim_jobs_budgeted(queue, n, worker, lease))
         rows = [r for r in result if r[0] is not None]
         retry_in = result[0]["retry_in"] if result else None
         if len(rows) < n and retry_in is not None and retry_in > 0:

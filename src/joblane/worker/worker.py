@@ -161,7 +161,7 @@ class Worker:
         self._threads: ThreadPoolExecutor | None = None
         self.started = asyncio.Event()
         wake = asyncio.Event()
-        self.limiter = Limiter(self.store, self.queues, app.rate_limits, wake=wake.set)  # queue limits and pauses
+        self.limiter = Limiter(self.store, self.queues, app.rate_limits, wake=wake.set, budgets=app.budgets)  # queue limits and pauses
         self.producer = Producer(self.store, self.limiter, self.completer, self._active, self._start,
                                  queues=self.queues, name=self.name, lease_seconds=self.lease_seconds,
                                  concurrency=concurrency, capacity=self.capacity, claim_batch=self.claim_batch,

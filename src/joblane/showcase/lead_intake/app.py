@@ -117,3 +117,39 @@ async def deliver(job: joblane.Job) -> None:
                                     contact_payload(lead, lead["enrichment"], lead["classification"], key),
                                     key=key, idempotency_key=key)
         await app.complete_job_async(conn, job, {"status": label})
+
+
+# -- what `joblane demo` shows after the leads settle: a spend cap, a cached call, a replay compared --------
+
+SCORE_PRICE = 0.001  # what the demo counts for one model call
+# at most 0.004 per tenant per day, for every worker: the demo's tenant reaches it, then the cap is raised
+app.budget("ai-spend", queue="ai", per_day=0.004, key="tenant", estimate="estimated_cost")
+
+
+@app.task("score", queue="ai", max_attempts=5, backoff=0.5)
+async def score(job: joblane.Job) -> dict:
+    """Score a lead for a sales dashboard; the model call is cached, so scoring a lead twice pays once."""
+    version = job.payload.get("prompt_version", "score-v1")
+    pool = await db.pool(app.dsn)
+    async with pool.connection() as conn:
+        lead = await db.one(conn, "get", _schema(), job.payload["lead_id"])
+    if lead is None or lead["enrichment"] is None:
+        raise joblane.PermanentError(f"lead {job.payload['lead_id']} has no enrichment to score")
+    job.record(model=settings.model, prompt_version=version)
+
+    async def call(message: str) -> dict:
+        try:
+            answer = await model.classify(model.client(), settings, lead, lead["enrichment"])
+        except model.RateLimited as exc:
+            job.record(cost=0.0)  # a 429 is not billed: the spend cap counts nothing for this try
+            raise joblane.RetryAfter(exc.retry_after, str(exc)) from None
+        except model.BadAnswer as exc:
+            raise joblane.PermanentError(str(exc)) from None
+        job.record(tokens_in=answer.tokens_in, tokens_out=answer.tokens_out, cost=SCORE_PRICE)
+        return {"intent": answer.intent, "fit": answer.fit, "confidence": answer.confidence}
+
+    scored = await job.step("score", call, model.user_message(lead, lead["enrichment"]), cache=True, ttl="1d")
+    job.record(cost=job.meta.get("cost", 0.0))  # a cache hit made no call: it cost nothing
+    if version == "score-v1" and scored["confidence"] < 0.8:
+        raise joblane.PermanentError(f"score-v1 trusts only sure answers (confidence {scored['confidence']})")
+    return {**scored, "prompt_version": version}

@@ -54,6 +54,8 @@ _STATEMENTS = {
                 "       j.last_error AS job_error"
                 "  FROM {schema}.leads AS l LEFT JOIN {schema}.jobs AS j ON j.id = l.last_job_id"
                 " WHERE l.id = %s",
+    # the leads the demo's closing tour scores
+    "enriched_ids": "SELECT id FROM {schema}.leads WHERE enrichment IS NOT NULL ORDER BY id LIMIT %s",
     "outcomes": "SELECT l.id, l.email, l.status, l.classification, j.kind AS job_kind, j.state AS job_state,"
                 "       j.last_error AS job_error"
                 "  FROM {schema}.leads AS l LEFT JOIN {schema}.jobs AS j ON j.id = l.last_job_id ORDER BY l.id",

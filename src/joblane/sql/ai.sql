@@ -1,0 +1,375 @@
+-- Named queries of spend caps (budgets), cached steps, the dataset export and replay comparisons (ai.py).
+-- {schema} is the validated, quoted schema name; every value is a $n parameter.
+--
+-- A budget's window is fixed: window_seconds long from the epoch, or the
+-- calendar month in UTC when window_seconds is NULL. Each query computes the
+-- current window's start (ws) and end (we) from the same expression.
+--
+-- A queue with budgets is claimed in one short transaction per claim:
+-- lock_budgets, fold_budget_holds, then claim_jobs_budgeted; the lock
+-- serialises the budgeted claims of one queue across every worker and host.
+
+-- name: upsert_budget
+-- Create or replace budget $1 on queue $2: cap $3 per window of $4 seconds (NULL: calendar month), key $5, estimate $6 (default $7), settled cost field $8.
+INSERT INTO {schema}.budgets AS b
+       (name, queue, cap, window_seconds, key_path, estimate_path, default_estimate, cost_field, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
+ON CONFLICT (name) DO UPDATE
+   SET queue = EXCLUDED.queue, cap = EXCLUDED.cap, window_seconds = EXCLUDED.window_seconds,
+       key_path = EXCLUDED.key_path, estimate_path = EXCLUDED.estimate_path,
+       default_estimate = EXCLUDED.default_estimate, cost_field = EXCLUDED.cost_field, updated_at = now()
+RETURNING b.name;
+
+-- name: set_budget_cap
+-- Change the cap of budget $1 to $2 (raising it lets its waiting jobs start at the next claim).
+UPDATE {schema}.budgets SET cap = $2, updated_at = now() WHERE name = $1 RETURNING name;
+
+-- name: delete_budget
+-- Remove budget $1 with its spend and holds; its queue goes back to the plain claim when it has no other budget.
+WITH gone AS (
+    DELETE FROM {schema}.budgets WHERE name = $1 RETURNING name
+), usage AS (
+    DELETE FROM {schema}.budget_usage WHERE budget = $1
+), holds AS (
+    DELETE FROM {schema}.budget_holds WHERE budget = $1
+)
+SELECT name FROM gone;
+
+-- name: budgeted_queues
+-- Which of the queues $1 have budgets (they take the budgeted claim).
+SELECT DISTINCT queue FROM {schema}.budgets WHERE queue = ANY($1::text[]);
+
+-- name: lock_budgets
+-- Serialise the budgeted claims of queue $1 until the end of the transaction.
+SELECT name FROM {schema}.budgets WHERE queue = $1 ORDER BY name FOR UPDATE;
+
+-- name: fold_budget_holds
+-- Move the holds of queue $1's finished tries into budget_usage, each at the cost its try recorded (the budget's cost field, else job.settle's amount, else its estimate); after lock_budgets.
+--
+-- A hold is in flight while its job is running the try that the claim
+-- started (same started_at). Once it is not, the try's attempts row is the
+-- latest worker row of that attempt number (a try given back or snoozed
+-- keeps its number, but its next claim comes after this fold).
+WITH b AS (
+    SELECT name, cost_field FROM {schema}.budgets WHERE queue = $1
+), finished AS (
+    SELECT h.budget, h.key, h.window_start, h.job_id, h.started_at,
+           coalesce((SELECT CASE WHEN jsonb_typeof(a.meta -> b.cost_field) = 'number'
+                                 THEN greatest(0, (a.meta ->> b.cost_field)::float8)
+                                 WHEN jsonb_typeof(a.meta -> 'settled_cost') = 'number'
+                                 THEN greatest(0, (a.meta ->> 'settled_cost')::float8) END
+                       FROM {schema}.attempts AS a
+                      WHERE a.job_id = h.job_id AND a.attempt = h.attempt
+                        AND a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
+                      ORDER BY a.id DESC
+                      LIMIT 1), h.estimate) AS spent
+      FROM b
+      JOIN {schema}.budget_holds AS h ON h.budget = b.name
+     WHERE NOT EXISTS (SELECT 1 FROM {schema}.jobs AS j
+                        WHERE j.id = h.job_id AND j.state = 'running' AND j.started_at = h.started_at)
+), gone AS (
+    DELETE FROM {schema}.budget_holds AS h
+     USING finished AS f
+     WHERE h.budget = f.budget AND h.job_id = f.job_id AND h.started_at = f.started_at
+)
+INSERT INTO {schema}.budget_usage AS u (budget, key, window_start, spent, tries)
+SELECT budget, key, window_start, sum(spent), count(*) FROM finished GROUP BY 1, 2, 3
+ON CONFLICT (budget, window_start, key) DO UPDATE
+   SET spent = u.spent + EXCLUDED.spent, tries = u.tries + EXCLUDED.tries
+RETURNING u.budget;
+
+-- name: claim_jobs_budgeted
+-- Claim up to $2 ready jobs of budgeted queue $1 for worker $3 (lease $4 s), passing over keys at their cap; after fold_budget_holds.
+--
+-- Its rows start with the columns of claim_jobs, in the same order. A key's
+-- spend is its settled spend in the current window plus the estimates of
+-- its tries in flight; a job starts while its key's spend, with the
+-- estimates of the jobs chosen before it in this claim, is below the cap, so
+-- a cap is exceeded by at most the estimates in flight (and by what a try
+-- costs beyond its estimate). Keys at their cap are left out of the walk of
+-- jobs_ready, so they do not hide the jobs of other keys. The last column
+-- says in how many seconds the earliest blocking window rolls or the pause
+-- ends; with nothing claimed, one row of NULL jobs carries it.
+WITH b AS MATERIALIZED (
+    SELECT bu.name, bu.cap, bu.key_path, bu.estimate_path, bu.default_estimate, t.t,
+           CASE WHEN bu.window_seconds IS NULL THEN date_trunc('month', t.t, 'UTC')
+                ELSE to_timestamp(floor(extract(epoch FROM t.t) / bu.window_seconds) * bu.window_seconds)
+           END AS ws,
+           CASE WHEN bu.window_seconds IS NULL
+                THEN (date_trunc('month', t.t, 'UTC') AT TIME ZONE 'UTC' + interval '1 month') AT TIME ZONE 'UTC'
+                ELSE to_timestamp((floor(extract(epoch FROM t.t) / bu.window_seconds) + 1) * bu.window_seconds)
+           END AS we
+      FROM {schema}.budgets AS bu, (SELECT clock_timestamp() AS t) AS t
+     WHERE bu.queue = $1
+), paused AS MATERIALIZED (
+    SELECT max(p.until) AS until FROM {schema}.queue_pauses AS p WHERE p.queue = $1 AND p.until > now()
+), used AS MATERIALIZED (
+    SELECT k.budget AS name, k.key, sum(k.amount) AS used
+      FROM (SELECT u.budget, u.key, u.spent AS amount
+              FROM b JOIN {schema}.budget_usage AS u ON u.budget = b.name AND u.window_start = b.ws
+            UNION ALL
+            SELECT h.budget, h.key, h.estimate
+              FROM b JOIN {schema}.budget_holds AS h ON h.budget = b.name AND h.window_start = b.ws) AS k
+     GROUP BY 1, 2
+), blocked AS MATERIALIZED (
+    SELECT b.name, b.key_path, u.key, b.we
+      FROM b JOIN used AS u ON u.name = b.name
+     WHERE u.used >= b.cap
+), candidates AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_after, c.payload
+      FROM {schema}.jobs AS c
+     WHERE c.state = 'pending' AND c.queue = $1 AND c.run_after <= now()
+       AND NOT EXISTS (SELECT 1 FROM blocked AS x WHERE coalesce(c.payload #>> x.key_path, '') = x.key)
+       AND (SELECT until FROM paused) IS NULL
+     ORDER BY c.priority, c.run_after, c.id
+     LIMIT $2
+), per_job AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_after, b.name, b.cap, b.ws, b.we,
+           coalesce(c.payload #>> b.key_path, '') AS key,
+           CASE WHEN jsonb_typeof(c.payload #> b.estimate_path) = 'number'
+                THEN greatest(0, (c.payload #>> b.estimate_path)::float8)
+                ELSE b.default_estimate END AS estimate
+      FROM candidates AS c CROSS JOIN b
+), fitted AS (
+    SELECT p.id, p.cap, p.we,
+           coalesce(u.used, 0) + coalesce(sum(p.estimate) OVER (
+               PARTITION BY p.name, p.key ORDER BY p.priority, p.run_after, p.id
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+      FROM per_job AS p
+      LEFT JOIN used AS u ON u.name = p.name AND u.key = p.key
+), chosen AS (
+    SELECT id FROM fitted GROUP BY id HAVING bool_and(before < cap)
+), locked AS (
+    SELECT j.id
+      FROM {schema}.jobs AS j
+     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.state = 'pending'
+       FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+       SET state = 'running',
+           attempts = j.attempts + 1,
+           worker = $3,
+           lease_until = now() + make_interval(secs => $4::float8),
+           started_at = now()
+     WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
+ RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.attempts, j.max_attempts,
+           j.priority, j.created_at, j.replay_of, j.headers::text AS headers
+), held AS (
+    INSERT INTO {schema}.budget_holds (budget, key, window_start, job_id, attempt, started_at, estimate)
+    SELECT p.name, p.key, p.ws, c.id, c.attempts, now(), p.estimate
+      FROM claimed AS c
+      JOIN per_job AS p ON p.id = c.id
+    ON CONFLICT DO NOTHING
+)
+SELECT c.id, c.queue, c.kind, c.payload, c.attempts, c.max_attempts, c.priority, c.created_at, c.replay_of,
+       c.headers,
+       extract(epoch FROM least((SELECT min(we) FROM blocked),
+                                (SELECT min(f.we) FROM fitted AS f WHERE f.before >= f.cap),
+                                (SELECT until FROM paused))
+                          - (SELECT min(t) FROM b))::float8 AS retry_in
+  FROM (SELECT 1) AS one
+  LEFT JOIN claimed AS c ON true;
+
+-- name: budget_spend
+-- Every budget (or only those of pending job $1's queue, with that job's key) with each key's spend in its current window: settled, in flight, and the pending jobs it holds back at its cap.
+WITH job AS (
+    SELECT j.queue, j.payload FROM {schema}.jobs AS j WHERE j.id = $1
+), b AS (
+    SELECT bu.*,
+           CASE WHEN bu.window_seconds IS NULL THEN date_trunc('month', now(), 'UTC')
+                ELSE to_timestamp(floor(extract(epoch FROM now()) / bu.window_seconds) * bu.window_seconds)
+           END AS ws,
+           CASE WHEN bu.window_seconds IS NULL
+                THEN (date_trunc('month', now(), 'UTC') AT TIME ZONE 'UTC' + interval '1 month') AT TIME ZONE 'UTC'
+                ELSE to_timestamp((floor(extract(epoch FROM now()) / bu.window_seconds) + 1) * bu.window_seconds)
+           END AS we
+      FROM {schema}.budgets AS bu
+     WHERE $1::bigint IS NULL OR bu.queue = (SELECT queue FROM job)
+), k AS (
+    SELECT u.budget, u.key, u.spent, 0::float8 AS in_flight
+      FROM b JOIN {schema}.budget_usage AS u ON u.budget = b.name AND u.window_start = b.ws
+    UNION ALL
+    -- a hold whose try has finished but is not folded yet counts what the try cost, as the fold will
+    SELECT h.budget, h.key,
+           CASE WHEN r.running THEN 0 ELSE coalesce(settled.cost, h.estimate) END,
+           CASE WHEN r.running THEN h.estimate ELSE 0 END
+      FROM b
+      JOIN {schema}.budget_holds AS h ON h.budget = b.name AND h.window_start = b.ws
+     CROSS JOIN LATERAL (
+            SELECT EXISTS (SELECT 1 FROM {schema}.jobs AS j
+                            WHERE j.id = h.job_id AND j.state = 'running' AND j.started_at = h.started_at) AS running
+           ) AS r
+      LEFT JOIN LATERAL (
+            SELECT CASE WHEN jsonb_typeof(a.meta -> b.cost_field) = 'number'
+                        THEN greatest(0, (a.meta ->> b.cost_field)::float8)
+                        WHEN jsonb_typeof(a.meta -> 'settled_cost') = 'number'
+                        THEN greatest(0, (a.meta ->> 'settled_cost')::float8) END AS cost
+              FROM {schema}.attempts AS a
+             WHERE NOT r.running AND a.job_id = h.job_id AND a.attempt = h.attempt
+               AND a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
+             ORDER BY a.id DESC
+             LIMIT 1
+           ) AS settled ON true
+), per_key AS (
+    SELECT budget, key, sum(spent) AS spent, sum(in_flight) AS in_flight FROM k GROUP BY 1, 2
+)
+SELECT b.name, b.queue, b.cap, b.window_seconds, array_to_string(b.key_path, '.') AS key_field,
+       array_to_string(b.estimate_path, '.') AS estimate_field, b.default_estimate, b.cost_field, b.ws, b.we,
+       p.key, coalesce(p.spent, 0) AS spent, coalesce(p.in_flight, 0) AS in_flight,
+       CASE WHEN coalesce(p.spent, 0) + coalesce(p.in_flight, 0) >= b.cap
+            THEN (SELECT count(*) FROM {schema}.jobs AS j
+                   WHERE j.state = 'pending' AND j.queue = b.queue AND coalesce(j.payload #>> b.key_path, '') = p.key)
+            ELSE 0 END AS waiting
+  FROM b
+  LEFT JOIN per_key AS p ON p.budget = b.name
+ WHERE $1::bigint IS NULL OR p.key = coalesce((SELECT payload FROM job) #>> b.key_path, '')
+ ORDER BY b.name, p.key;
+
+-- name: cache_claim
+-- Claim cache key $1 (step $2) for job $3's attempt $4 for $5 seconds: a new key, an expired result, a claim that ran out or one of an earlier try of this job; returns the key when this job is to make the call.
+--
+-- The primary key makes two racing jobs agree: one inserts the claim, the
+-- other finds the row and waits for its result (cache_hit) or for the claim
+-- to run out.
+INSERT INTO {schema}.step_cache AS c (key, step, state, job_id, attempt, claimed_until)
+VALUES ($1, $2, 'running', $3, $4, now() + make_interval(secs => $5::float8))
+ON CONFLICT (key) DO UPDATE
+   SET step = EXCLUDED.step, state = 'running', result = NULL, meta = NULL, job_id = EXCLUDED.job_id,
+       attempt = EXCLUDED.attempt, claimed_until = EXCLUDED.claimed_until, created_at = now(),
+       expires_at = NULL, hits = 0, last_hit_at = NULL
+ WHERE (c.state = 'done' AND c.expires_at <= now())
+    OR (c.state = 'running' AND (c.claimed_until <= now()
+                                 -- an earlier try of the same job (its worker was lost): this try takes over
+                                 OR (c.job_id = EXCLUDED.job_id AND c.attempt < EXCLUDED.attempt)))
+RETURNING c.key;
+
+-- name: cache_hit
+-- The stored result of cache key $1 (result and meta as JSON text), counted as a hit; nothing while it is claimed or expired.
+UPDATE {schema}.step_cache
+   SET hits = hits + 1, last_hit_at = now()
+ WHERE key = $1 AND state = 'done' AND expires_at > now()
+RETURNING result::text, meta::text;
+
+-- name: cache_fill
+-- Store result $4 and meta $5 under cache key $1 claimed by job $2's attempt $3, kept for $6 seconds (NULL: until cleared).
+UPDATE {schema}.step_cache
+   SET state = 'done', result = $4::text::jsonb, meta = $5::text::jsonb, claimed_until = NULL,
+       expires_at = CASE WHEN $6::float8 IS NULL THEN 'infinity'::timestamptz
+                         ELSE now() + make_interval(secs => $6::float8) END
+ WHERE key = $1 AND state = 'running' AND job_id = $2 AND attempt = $3
+RETURNING key;
+
+-- name: cache_release
+-- Give up the claim of job $2's attempt $3 on cache key $1 (its call failed), so a waiting job can make it.
+DELETE FROM {schema}.step_cache WHERE key = $1 AND state = 'running' AND job_id = $2 AND attempt = $3 RETURNING key;
+
+-- name: cache_stats
+-- Per step: stored results, claims in progress, hits, and the tokens and cost the hits saved (each hit saves what the call cost).
+SELECT step,
+       count(*) FILTER (WHERE state = 'done' AND expires_at > now()) AS entries,
+       count(*) FILTER (WHERE state = 'done' AND expires_at <= now()) AS expired,
+       count(*) FILTER (WHERE state = 'running') AS calls_in_progress,
+       coalesce(sum(hits), 0)::bigint AS hits,
+       coalesce(sum(hits * CASE WHEN jsonb_typeof(meta -> 'tokens') = 'number'
+                                THEN (meta ->> 'tokens')::float8 ELSE 0 END), 0) AS tokens_saved,
+       coalesce(sum(hits * CASE WHEN jsonb_typeof(meta -> 'cost') = 'number'
+                                THEN (meta ->> 'cost')::float8 ELSE 0 END), 0) AS cost_saved,
+       min(created_at) AS oldest, max(last_hit_at) AS last_hit
+  FROM {schema}.step_cache
+ GROUP BY step
+ ORDER BY step;
+
+-- name: cache_clear
+-- Delete the cached results of step $2 (NULL: every step) stored before $1 (NULL: all), and expired ones; claims in progress stay. Returns how many.
+WITH gone AS (
+    DELETE FROM {schema}.step_cache
+     WHERE state = 'done'
+       AND ($2::text IS NULL OR step = $2)
+       AND ($1::timestamptz IS NULL OR created_at < $1 OR expires_at <= now())
+    RETURNING key
+)
+SELECT count(*) FROM gone;
+
+-- name: dataset_rows
+-- One record per finished try of kind $1, queue $2, finished in [$3, $4), oldest first: input, output, steps, model, prompt version, tokens, cost, latency, outcome, and the review label.
+--
+-- Read through a server-side cursor (store.stream), so any number of rows
+-- stream in pages; like export_attempts, the time range walks
+-- attempts_finished in order and each row finds its job by primary key. A
+-- try's review label is the person's decision on it (released or rejected
+-- with the same attempt number); admin rows (released, rejected, cancelled)
+-- are not tries.
+SELECT a.id AS attempt_id, a.job_id, j.kind, j.queue, a.attempt, a.outcome, a.started_at, a.finished_at,
+       round((extract(epoch FROM a.finished_at - a.started_at) * 1000)::numeric, 1)::float8 AS latency_ms,
+       a.meta ->> 'model' AS model, a.meta ->> 'prompt_version' AS prompt_version,
+       CASE WHEN jsonb_typeof(a.meta -> 'tokens') = 'number' THEN (a.meta ->> 'tokens')::float8
+            WHEN jsonb_typeof(a.meta -> 'input_tokens') = 'number' OR jsonb_typeof(a.meta -> 'output_tokens') = 'number'
+                 THEN coalesce((a.meta ->> 'input_tokens')::float8, 0) + coalesce((a.meta ->> 'output_tokens')::float8, 0)
+       END AS tokens,
+       CASE WHEN jsonb_typeof(a.meta -> 'cost') = 'number' THEN (a.meta ->> 'cost')::float8 END AS cost,
+       a.error, j.payload::text AS input,
+       (CASE WHEN a.outcome = 'done' THEN j.result WHEN a.outcome = 'held' THEN a.meta -> 'hold_data' END)::text AS output,
+       (SELECT jsonb_object_agg(s.name, s.result)
+          FROM {schema}.job_steps AS s
+         WHERE s.job_id = a.job_id AND s.attempt <= a.attempt)::text AS steps,
+       r.label, r.worker AS reviewer, r.started_at AS reviewed_at, r.error AS review_note,
+       (r.meta -> 'payload_patch')::text AS review_edit,
+       j.replay_of, j.replay_tag
+  FROM {schema}.attempts AS a
+  JOIN {schema}.jobs AS j ON j.id = a.job_id
+  LEFT JOIN LATERAL (
+        SELECT coalesce(x.meta ->> 'label',
+                        CASE WHEN x.outcome = 'rejected' THEN 'reject'
+                             WHEN x.meta ? 'payload_patch' THEN 'approve_edited' ELSE 'approve' END) AS label,
+               x.worker, x.started_at, x.error, x.meta
+          FROM {schema}.attempts AS x
+         WHERE x.job_id = a.job_id AND x.attempt = a.attempt AND x.outcome IN ('released', 'rejected')
+         ORDER BY x.id
+         LIMIT 1
+       ) AS r ON a.outcome = 'held'
+ WHERE a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
+   AND ($1::text IS NULL OR j.kind = $1)
+   AND ($2::text IS NULL OR j.queue = $2)
+   AND ($3::timestamptz IS NULL OR a.finished_at >= $3)
+   AND ($4::timestamptz IS NULL OR a.finished_at < $4)
+ ORDER BY a.finished_at, a.id;
+
+-- name: compare_replay
+-- The replays tagged $1, oldest first, each beside its original: states, results, tries, whether a try was held, and the cost and time their tries recorded.
+WITH pairs AS (
+    SELECT r.id AS replay_id, r.replay_of AS original_id
+      FROM {schema}.jobs AS r
+     WHERE r.replay_tag = $1
+), tries AS (
+    SELECT a.job_id,
+           count(*) AS tries,
+           bool_or(a.outcome = 'held') AS held,
+           sum(CASE WHEN jsonb_typeof(a.meta -> 'cost') = 'number' THEN (a.meta ->> 'cost')::float8 END) AS cost,
+           sum(extract(epoch FROM a.finished_at - a.started_at) * 1000)::float8 AS latency_ms
+      FROM {schema}.attempts AS a
+     WHERE a.job_id = ANY(ARRAY(SELECT replay_id FROM pairs UNION ALL SELECT original_id FROM pairs))
+       AND a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
+     GROUP BY a.job_id
+)
+SELECT p.original_id, o.kind, o.state AS original_state, o.result::text AS original_result,
+       coalesce(ot.tries, 0) AS original_tries, coalesce(ot.held, false) AS original_held,
+       ot.cost AS original_cost, ot.latency_ms AS original_latency_ms,
+       p.replay_id, r.state AS replay_state, r.result::text AS replay_result,
+       coalesce(rt.tries, 0) AS replay_tries, coalesce(rt.held, false) AS replay_held,
+       rt.cost AS replay_cost, rt.latency_ms AS replay_latency_ms,
+       (o.state = 'done' AND r.state = 'done' AND o.result IS DISTINCT FROM r.result) AS changed
+  FROM pairs AS p
+  JOIN {schema}.jobs AS r ON r.id = p.replay_id
+  LEFT JOIN {schema}.jobs AS o ON o.id = p.original_id
+  LEFT JOIN tries AS ot ON ot.job_id = p.original_id
+  LEFT JOIN tries AS rt ON rt.job_id = p.replay_id
+ ORDER BY p.replay_id;
+
+-- name: replay_tags
+-- The replay tags in use, newest first (at most $1): how many jobs each tagged and when.
+SELECT replay_tag AS tag, count(*) AS jobs, min(created_at) AS first_at, max(created_at) AS last_at
+  FROM {schema}.jobs
+ WHERE replay_tag IS NOT NULL
+ GROUP BY replay_tag
+ ORDER BY last_at DESC
+ LIMIT $1;

@@ -1,0 +1,40 @@
+"""A worker app for the AI-workflow tests: a spend cap declared in code, a cached model step."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import joblane
+
+app = joblane.App(lease_seconds=10)
+
+# at most 0.5 per tenant per 2-second window, all workers together
+app.budget("spend", queue="metered", cap=0.5, window="2s", key="tenant", estimate="estimated_cost")
+
+
+@app.task("metered_call", queue="metered")
+async def metered_call(job: joblane.Job) -> dict:
+    await asyncio.sleep(0.05)
+    job.record(model="stand-in", cost=job.payload["real_cost"])  # what the call really cost
+    return {"ok": True}
+
+
+def _count_call(text: str) -> dict:
+    """A stand-in model call that counts itself: one line per call in $MODEL_CALLS."""
+    with open(os.environ["MODEL_CALLS"], "a") as f:
+        f.write(text + "\n")
+    return {"label": "hot" if "buy" in text else "cold"}
+
+
+@app.task("classify", queue="cached")
+async def classify(job: joblane.Job) -> dict:
+    job.record(model="stand-in", prompt_version="v1")
+
+    async def call(text: str) -> dict:
+        await asyncio.sleep(job.payload.get("seconds", 0.5))  # long enough for the jobs to race
+        label = _count_call(text)
+        job.record(tokens=120, cost=0.002)
+        return label
+
+    return await job.step("classify", call, job.payload["text"], cache=True, ttl="7d")
