@@ -1,7 +1,7 @@
 """joblane: PostgreSQL as your job queue and transactional outbox."""
 
 from .app import App, Task
-from .errors import Hold, JoblaneError, PermanentError, RetryAfter, SchemaVersionError
+from .errors import Hold, JoblaneError, PermanentError, RetryAfter, SchemaVersionError, WaitFor
 from .types import Job, JobSpec
 
 __version__ = "0.1.0"
@@ -16,4 +16,5 @@ __all__ = [
     "RetryAfter",
     "SchemaVersionError",
     "Task",
+    "WaitFor",
 ]

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 
-from . import admin, enqueue, migrations, store, telemetry
+from . import admin, enqueue, flows, migrations, store, telemetry
 from .errors import JoblaneError
 from .queries import Queries, for_schema, validate_schema
 from .rules import check_queue, check_text, exponential_backoff, first_line, normalize_dsn
@@ -204,22 +204,53 @@ class App:
         unique_key: str | None = None,
         held: bool = False,
         replay_of: int | None = None,
+        after: Iterable[int] | int | None = None,
+        on_parent_failure: str | None = None,
+        batch: Any = None,
     ) -> int:
         """Insert a job on ``conn`` (psycopg 3), inside the caller's transaction; returns its id.
 
         With ``unique_key``, an unfinished job holding the same key is kept
-        and its id returned instead of inserting a second one.
+        and its id returned instead of inserting a second one. With ``after``
+        (job ids) it waits until every parent finished; ``on_parent_failure``
+        says what a parent that failed or was cancelled does to it:
+        ``"cancel"`` (default), ``"run"`` (anyway) or ``"hold"`` (for a
+        person). ``batch`` (App.batch) adds it to a batch.
         """
         args, notify = enqueue.prepare(
             self, kind, payload, queue=queue, priority=priority, run_after=run_after, delay=delay,
             max_attempts=max_attempts, unique_key=unique_key, held=held,
         )
+        if after is not None or batch is not None:
+            return self._enqueue_flow(conn, kind, args, replay_of, after, on_parent_failure, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:  # headers: the trace context, or None
             rows = store.fetch(conn, self.store.enqueue(*args, replay_of, notify, self.channel, headers),
                                prepare=self.prepare)
         if rows:
             return rows[0][0]
         return store.fetch(conn, self.store.unfinished_by_unique_key(unique_key))[0][0]
+
+    def _enqueue_flow(self, conn: Any, kind: str, args: list[Any], replay_of: int | None, after: Any,
+                      policy: str | None, batch: Any) -> int:
+        """``enqueue`` of a job with parents or a batch: insert (waiting, when it has parents), then link."""
+        parents = flows.check_parents(after) if after is not None else None
+        policy = flows.check_policy(policy)
+        if batch is not None:
+            flows.batch_id(batch)
+        notify = True
+        if parents is not None:
+            if args[8] != "pending":
+                raise JoblaneError("a job with after= cannot be enqueued held")
+            args[8], notify = "waiting", False  # until link_jobs counts its parents
+        with telemetry.enqueue_span(kind, args[0]) as headers:
+            rows = store.fetch(conn, self.store.enqueue(*args, replay_of, notify and self.notify, self.channel,
+                                                        headers))
+        job_id = rows[0][0] if rows else store.fetch(conn, self.store.unfinished_by_unique_key(args[7]))[0][0]
+        if parents is not None:
+            store.fetch(conn, flows.link_statement(self, [job_id], [parents], [policy]))
+        if batch is not None:
+            flows.add(self, conn, batch, [job_id])
+        return job_id
 
     async def enqueue_async(
         self,
@@ -248,15 +279,85 @@ class App:
             return rows[0][0]
         return (await store.fetch_async(conn, self.store.unfinished_by_unique_key(unique_key)))[0][0]
 
-    def enqueue_many(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
+    def enqueue_many(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple], *, batch: Any = None) -> list[int]:
         """Insert many jobs in one statement per 5,000, in the caller's transaction.
 
         Returns the ids of the jobs inserted, in order; a job whose
         ``unique_key`` an unfinished job already holds is skipped. Every job
         is validated before the first chunk is sent, so bad input writes
-        nothing; the error names the job (``jobs[3]: ...``).
+        nothing; the error names the job (``jobs[3]: ...``). A JobSpec's
+        ``after`` may name other JobSpecs of the same call (fan-out and
+        fan-in in one transaction); ``batch`` adds every job to a batch.
         """
-        return self._insert_chunks(conn, enqueue.chunks(self, jobs))
+        specs = jobs if isinstance(jobs, list) else list(jobs)
+        chunks = enqueue.chunks(self, specs)
+        ids = self._insert_chunks(conn, chunks)
+        if batch is not None or any(c.flows for c in chunks):
+            self._link_many(conn, specs, ids, batch)
+        return ids
+
+    def _link_many(self, conn: Any, specs: list[Any], ids: list[int], batch: Any) -> None:
+        children, parents, policies = flows.spec_flows(specs, ids)
+        if children:
+            store.fetch(conn, flows.link_statement(self, children, parents, policies))
+        by_batch: dict[int, list[int]] = {}
+        if batch is not None:
+            by_batch[flows.batch_id(batch)] = list(ids)
+        for spec, job_id in zip(specs, ids):
+            if type(spec) is JobSpec and spec.batch is not None:
+                by_batch.setdefault(flows.batch_id(spec.batch), []).append(job_id)
+        for batch_id, members in by_batch.items():
+            flows.add(self, conn, batch_id, members)
+
+    # -- workflows (flows.py) -------------------------------------------------
+
+    def batch(self, conn: Any, *, name: str | None = None, on_complete: tuple | None = None) -> flows.Batch:
+        """A new batch on ``conn``: add jobs to it (``batch.enqueue``, ``batch=``) until ``batch.seal(conn)``.
+
+        ``on_complete=(kind, payload)``: when the last job of the sealed batch
+        finishes, a job of that kind is inserted in the same transaction, once,
+        its payload extended with ``"batch"``: id, name, total, done, failed,
+        cancelled, failed_ids, cancelled_ids.
+        """
+        return flows.create(self, conn, name=name, on_complete=on_complete)
+
+    def get_batch(self, batch_id: int) -> flows.Batch:
+        """The Batch of an existing id (to add jobs in a later transaction, or seal it)."""
+        return flows.Batch(self, flows.batch_id(batch_id))
+
+    def seal_batch(self, conn: Any, batch: Any) -> bool:
+        return flows.seal(self, conn, batch)
+
+    def batch_progress(self, batch: Any, conn: Any = None) -> dict[str, Any] | None:
+        """A batch with its jobs counted by state, or None."""
+        return flows.progress(self, batch, conn)
+
+    def list_batches(self, conn: Any = None, *, before_id: int | None = None, limit: int = 50,
+                     unfinished: bool = False) -> list[dict[str, Any]]:
+        return flows.list_batches(self, conn, before_id=before_id, limit=limit, unfinished=unfinished)
+
+    def batch_jobs(self, batch: Any, conn: Any = None, *, state: str | None = None,
+                   limit: int = 200) -> list[dict[str, Any]]:
+        return flows.batch_jobs(self, batch, conn, state=state, limit=limit)
+
+    def job_flow(self, job_id: int, conn: Any = None) -> dict[str, Any] | None:
+        """What job ``job_id`` waits on: its wait key and deadline, parents left, batch, parents, children."""
+        return flows.job_flow(self, job_id, conn)
+
+    def waiting_jobs(self, conn: Any = None, *, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return flows.waiting_jobs(self, conn, queue=queue, limit=limit)
+
+    def signal(self, conn: Any, key: str, data: Any = None) -> int:
+        """Wake the jobs waiting for ``key`` (WaitFor) with ``data``, in the caller's transaction.
+
+        Returns how many jobs woke; with none waiting the signal is kept, and
+        the first job that waits for ``key`` consumes it.
+        """
+        return store.fetch(conn, flows.signal_statement(self, key, data))[0][0]
+
+    async def signal_async(self, conn: Any, key: str, data: Any = None) -> int:
+        """``signal`` on a psycopg AsyncConnection or an asyncpg connection."""
+        return (await store.fetch_async(conn, flows.signal_statement(self, key, data)))[0][0]
 
     async def enqueue_many_async(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
         """``enqueue_many`` on a psycopg AsyncConnection or an asyncpg connection."""

@@ -14,7 +14,8 @@ from importlib import resources
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.M)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
-QUERY_FILES = ("jobs.sql", "admin.sql", "outbox.sql", "dashboard.sql", "periodic.sql", "review.sql", "limits.sql")
+QUERY_FILES = ("jobs.sql", "admin.sql", "outbox.sql", "dashboard.sql", "periodic.sql", "review.sql", "limits.sql",
+               "flows.sql")
 
 
 def validate_schema(name: str) -> str:

@@ -24,7 +24,7 @@ SELECT id, CASE WHEN $11::bool THEN pg_notify($12, queue)::text END AS notified
 -- name: unfinished_by_unique_key
 -- The unfinished job holding a unique_key (after enqueue skipped a duplicate).
 SELECT id FROM {schema}.jobs
- WHERE unique_key = $1 AND state IN ('pending', 'running', 'held');
+ WHERE unique_key = $1 AND state IN ('pending', 'running', 'held', 'waiting');
 
 -- name: enqueue_many
 -- Insert many jobs that differ only in payload (one kind, queue, priority, ... for all), none with a unique key: payloads $1 (a JSON array); wakes queues $10 once.
@@ -222,6 +222,9 @@ WITH doomed AS (
     DELETE FROM {schema}.attempts AS a USING doomed WHERE a.job_id = doomed.id
 ), gone_steps AS (
     DELETE FROM {schema}.job_steps AS s USING doomed WHERE s.job_id = doomed.id
+), gone_deps AS (
+    -- dependencies of finished children (a finished parent's edges go with its children)
+    DELETE FROM {schema}.job_deps AS d USING doomed WHERE d.child_id = doomed.id
 )
 DELETE FROM {schema}.jobs AS j USING doomed WHERE j.id = doomed.id
 RETURNING j.id;
