@@ -50,8 +50,7 @@ SELECT j.id, j.kind, j.queue, j.state, j.attempts, j.max_attempts, j.last_error,
 
 -- name: job_flow
 -- What job $1 waits on and belongs to: its wait key and deadline, parents left, batch, parents and children.
-SELECT j.wait_key, CASE WHEN j.state = 'waiting' AND j.wait_key IS NOT NULL AND j.run_after <> 'infinity'
-                        THEN j.run_after END,
+SELECT j.wait_key, CASE WHEN j.state = 'waiting' AND j.wait_timeout IS NOT NULL THEN j.run_after END,
        j.wait_timeout, j.parents_left, j.on_parent_failure, j.batch_id,
        ARRAY(SELECT d.parent_id FROM {schema}.job_deps AS d WHERE d.child_id = j.id ORDER BY d.parent_id),
        ARRAY(SELECT d.child_id FROM {schema}.job_deps AS d WHERE d.parent_id = j.id ORDER BY d.child_id LIMIT 100)
@@ -71,7 +70,7 @@ SELECT {schema}.park_jobs($1::text::jsonb, $2::text);
 WITH late AS (
     SELECT id, wait_key
       FROM {schema}.jobs
-     WHERE state = 'waiting' AND wait_key IS NOT NULL AND run_after < now()
+     WHERE state = 'waiting' AND wait_timeout IS NOT NULL AND run_after < now()
      ORDER BY run_after
      LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -92,7 +91,7 @@ SELECT id, state, CASE WHEN state = 'pending' THEN pg_notify($2, queue)::text EN
 
 -- name: waiting_jobs
 -- Waiting jobs (for a signal or for parents), oldest first, at most $1, of queue $2 (NULL = any).
-SELECT id, queue, kind, wait_key, parents_left, CASE WHEN run_after <> 'infinity' AND wait_key IS NOT NULL THEN run_after END,
+SELECT id, queue, kind, wait_key, parents_left, CASE WHEN wait_timeout IS NOT NULL THEN run_after END,
        created_at, last_error
   FROM {schema}.jobs
  WHERE state = 'waiting' AND ($2::text IS NULL OR queue = $2)

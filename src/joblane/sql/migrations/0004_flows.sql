@@ -26,7 +26,7 @@ ALTER TABLE {schema}.jobs
     ADD COLUMN has_children      boolean,   -- true once a job names this one in after=
     ADD COLUMN batch_id          bigint,    -- the batch the job belongs to
     ADD COLUMN wait_key          text,      -- the event a waiting job waits for
-    ADD COLUMN wait_timeout      text CHECK (wait_timeout IN ('retry', 'fail'));  -- what its timeout does
+    ADD COLUMN wait_timeout      text CHECK (wait_timeout IN ('retry', 'fail'));  -- what its timeout (run_after) does; NULL: none
 
 -- A waiting job keeps its unique_key: the key is not free while the job can still run.
 DROP INDEX {schema}.jobs_unique_key;
@@ -37,7 +37,7 @@ CREATE UNIQUE INDEX jobs_unique_key ON {schema}.jobs (unique_key)
 CREATE INDEX jobs_batch ON {schema}.jobs (batch_id, state) WHERE batch_id IS NOT NULL;
 -- A signal finds the jobs that wait for its key; the rescuer finds waits past their deadline (run_after).
 CREATE INDEX jobs_wait_key ON {schema}.jobs (wait_key) WHERE state = 'waiting' AND wait_key IS NOT NULL;
-CREATE INDEX jobs_wait_deadline ON {schema}.jobs (run_after) WHERE state = 'waiting' AND wait_key IS NOT NULL;
+CREATE INDEX jobs_wait_deadline ON {schema}.jobs (run_after) WHERE state = 'waiting' AND wait_timeout IS NOT NULL;
 
 -- One row per dependency: child_id runs after parent_id.
 CREATE TABLE {schema}.job_deps (
@@ -394,9 +394,10 @@ BEGIN
         ELSE
             UPDATE {schema}.jobs
                SET state = 'waiting', attempts = attempts - 1, lease_until = NULL, worker = NULL,
-                   wait_key = o.key, wait_timeout = coalesce(o.on_timeout, 'retry'),
-                   run_after = CASE WHEN o.timeout IS NULL THEN 'infinity'::timestamptz
-                                    ELSE now() + make_interval(secs => o.timeout) END,
+                   -- with a timeout, run_after is the wait's deadline and wait_timeout its policy
+                   wait_key = o.key,
+                   wait_timeout = CASE WHEN o.timeout IS NULL THEN NULL ELSE coalesce(o.on_timeout, 'retry') END,
+                   run_after = now() + make_interval(secs => coalesce(o.timeout, 0)),
                    last_error = 'waiting for ' || o.key,
                    headers = CASE WHEN headers ? 'joblane.signal' THEN headers - 'joblane.signal' ELSE headers END
              WHERE id = o.id AND state = 'running' AND attempts = o.attempt AND worker = p_worker;
