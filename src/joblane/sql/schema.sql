@@ -11,7 +11,7 @@ CREATE TABLE {schema}.attempts (
     outcome text NOT NULL,
     started_at timestamp with time zone,
     worker text,
-    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text]))),
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text, 'waiting'::text, 'timeout'::text]))),
     CONSTRAINT attempts_pkey PRIMARY KEY (id)
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
 CREATE INDEX attempts_finished ON {schema}.attempts USING btree (finished_at);
@@ -19,11 +19,33 @@ CREATE INDEX attempts_job ON {schema}.attempts USING btree (job_id, attempt);
 CREATE INDEX attempts_model ON {schema}.attempts USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
 CREATE INDEX attempts_outcome ON {schema}.attempts USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
 
+CREATE TABLE {schema}.batches (
+    callback_job_id bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    name text,
+    on_complete_kind text,
+    on_complete_max_attempts integer,
+    on_complete_payload jsonb,
+    on_complete_priority smallint,
+    on_complete_queue text,
+    sealed_at timestamp with time zone,
+    CONSTRAINT batches_pkey PRIMARY KEY (id)
+);
+
 CREATE TABLE {schema}.inbox (
     key text NOT NULL,
     received_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT inbox_pkey PRIMARY KEY (key)
 );
+
+CREATE TABLE {schema}.job_deps (
+    child_id bigint NOT NULL,
+    parent_id bigint NOT NULL,
+    CONSTRAINT job_deps_pkey PRIMARY KEY (parent_id, child_id)
+);
+CREATE INDEX job_deps_child ON {schema}.job_deps USING btree (child_id);
 
 CREATE TABLE {schema}.job_steps (
     attempt integer NOT NULL,
@@ -36,14 +58,18 @@ CREATE TABLE {schema}.job_steps (
 
 CREATE TABLE {schema}.jobs (
     attempts integer DEFAULT 0 NOT NULL,
+    batch_id bigint,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
+    has_children boolean,
     headers jsonb,
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     kind text NOT NULL,
     last_error text,
     lease_until timestamp with time zone,
     max_attempts integer DEFAULT 10 NOT NULL,
+    on_parent_failure text,
+    parents_left integer,
     payload jsonb DEFAULT '{}'::jsonb NOT NULL,
     priority smallint DEFAULT 0 NOT NULL,
     queue text DEFAULT 'default'::text NOT NULL,
@@ -53,20 +79,27 @@ CREATE TABLE {schema}.jobs (
     started_at timestamp with time zone,
     state text DEFAULT 'pending'::text NOT NULL,
     unique_key text,
+    wait_key text,
+    wait_timeout text,
     worker text,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_lease_only_when_running CHECK (((state = 'running'::text) = ((lease_until IS NOT NULL) AND (worker IS NOT NULL)))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts > 0)),
+    CONSTRAINT jobs_on_parent_failure_check CHECK ((on_parent_failure = ANY (ARRAY['cancel'::text, 'run'::text, 'hold'::text]))),
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
-    CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'held'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'held'::text, 'cancelled'::text, 'waiting'::text]))),
+    CONSTRAINT jobs_wait_timeout_check CHECK ((wait_timeout = ANY (ARRAY['retry'::text, 'fail'::text])))
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
+CREATE INDEX jobs_batch ON {schema}.jobs USING btree (batch_id, state) WHERE (batch_id IS NOT NULL);
 CREATE INDEX jobs_failed ON {schema}.jobs USING btree (queue, finished_at) WHERE (state = 'failed'::text);
 CREATE INDEX jobs_finished ON {schema}.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX jobs_held ON {schema}.jobs USING btree (queue, id) WHERE (state = 'held'::text);
 CREATE INDEX jobs_lease ON {schema}.jobs USING btree (lease_until) WHERE (state = 'running'::text);
 CREATE INDEX jobs_ready ON {schema}.jobs USING btree (queue, priority, run_after, id) WHERE (state = 'pending'::text);
 CREATE INDEX jobs_replay_of ON {schema}.jobs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
-CREATE UNIQUE INDEX jobs_unique_key ON {schema}.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text])));
+CREATE UNIQUE INDEX jobs_unique_key ON {schema}.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text, 'waiting'::text])));
+CREATE INDEX jobs_wait_deadline ON {schema}.jobs USING btree (run_after) WHERE ((state = 'waiting'::text) AND (wait_timeout IS NOT NULL));
+CREATE INDEX jobs_wait_key ON {schema}.jobs USING btree (wait_key) WHERE ((state = 'waiting'::text) AND (wait_key IS NOT NULL));
 
 CREATE TABLE {schema}.outbox (
     attempts integer DEFAULT 0 NOT NULL,
@@ -156,3 +189,10 @@ CREATE TABLE {schema}.queue_starts (
     started_at timestamp with time zone NOT NULL
 );
 CREATE INDEX queue_starts_window ON {schema}.queue_starts USING btree (queue, started_at);
+
+CREATE TABLE {schema}.signals (
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    data jsonb,
+    key text NOT NULL,
+    CONSTRAINT signals_pkey PRIMARY KEY (key)
+);
