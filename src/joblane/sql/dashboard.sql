@@ -88,9 +88,10 @@ SELECT worker,
  ORDER BY worker;
 
 -- name: dashboard_list_jobs
--- Jobs newest first, filtered by state $1, kind $2, queue $3, created at or after $4 and before $5 (NULL = any), with id below $6 (keyset page), at most $7.
+-- Jobs newest first (a waiting job with what it waits on), filtered by state $1, kind $2, queue $3, created at or after $4 and before $5 (NULL = any), with id below $6 (keyset page), at most $7.
 SELECT id, queue, kind, state, priority, attempts, max_attempts, run_after, last_error,
-       created_at, finished_at, worker, replay_of, left(payload::text, 160) AS payload_preview
+       created_at, finished_at, worker, replay_of, left(payload::text, 160) AS payload_preview,
+       wait_key, parents_left, batch_id
   FROM {schema}.jobs
  WHERE ($1::text IS NULL OR state = $1)
    AND ($2::text IS NULL OR kind = $2)

@@ -11,6 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import admin, store
 from ..app import App
+from ..flows import waits_on
 from ..rules import hold_reason
 from ..types import JOB_STATES
 
@@ -141,9 +142,13 @@ class Data:
     def list_jobs(self, *, state=None, kind=None, queue=None, since=None, until=None, before_id=None,
                   limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
         keys = ("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "run_after", "last_error",
-                "created_at", "finished_at", "worker", "replay_of", "payload_preview")
+                "created_at", "finished_at", "worker", "replay_of", "payload_preview", "wait_key", "parents_left",
+                "batch_id")
         rows = self._rows(self.app.store.dashboard_list_jobs(state, kind, queue, since, until, before_id, limit))
-        return [dict(zip(keys, r)) for r in rows]
+        out = [dict(zip(keys, r)) for r in rows]
+        for job in out:
+            job["waits_on"] = waits_on(job["state"], job["wait_key"], job["parents_left"])
+        return out
 
     def job(self, job_id: int) -> dict[str, Any] | None:
         with self.connection() as conn:
@@ -151,6 +156,9 @@ class Data:
             if job is None:
                 return None
             job.setdefault("replays", [])
+            job["flow"] = self.app.job_flow(job_id, conn)
+            flow = job["flow"] or {}
+            job["waits_on"] = waits_on(job["state"], flow.get("wait_key"), flow.get("parents_left"))
             job["steps"] = [
                 {"name": name, "attempt": attempt, "finished_at": finished,
                  "result": json.loads(result) if result is not None else None}
@@ -170,6 +178,19 @@ class Data:
                         "held_since": held_since, "meta": json.loads(meta) if meta else None,
                         "result": json.loads(result) if result else None})
         return out
+
+    # -- batches ------------------------------------------------------------
+
+    def batches(self, *, before_id: int | None = None, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
+        with self.connection() as conn:
+            return self.app.list_batches(conn, before_id=before_id, limit=limit)
+
+    def batch(self, batch_id: int, *, state: str | None = None, limit: int = 500) -> dict[str, Any] | None:
+        with self.connection() as conn:
+            found = self.app.batch_progress(batch_id, conn)
+            if found is not None:
+                found["jobs"] = self.app.batch_jobs(batch_id, conn, state=state, limit=limit)
+        return found
 
     # -- outbox -------------------------------------------------------------
 
