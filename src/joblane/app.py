@@ -266,18 +266,47 @@ class App:
         unique_key: str | None = None,
         held: bool = False,
         replay_of: int | None = None,
+        after: Iterable[int] | int | None = None,
+        on_parent_failure: str | None = None,
+        batch: Any = None,
     ) -> int:
         """``enqueue`` on a psycopg AsyncConnection or an asyncpg connection."""
         args, notify = enqueue.prepare(
             self, kind, payload, queue=queue, priority=priority, run_after=run_after, delay=delay,
             max_attempts=max_attempts, unique_key=unique_key, held=held,
         )
+        if after is not None or batch is not None:
+            return await self._enqueue_flow_async(conn, kind, args, replay_of, after, on_parent_failure, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:  # headers: the trace context, or None
             rows = await store.fetch_async(conn, self.store.enqueue(*args, replay_of, notify, self.channel, headers),
                                            prepare=self.prepare)
         if rows:
             return rows[0][0]
         return (await store.fetch_async(conn, self.store.unfinished_by_unique_key(unique_key)))[0][0]
+
+    async def _enqueue_flow_async(self, conn: Any, kind: str, args: list[Any], replay_of: int | None, after: Any,
+                                  policy: str | None, batch: Any) -> int:
+        """``_enqueue_flow`` on a psycopg AsyncConnection or an asyncpg connection."""
+        parents = flows.check_parents(after) if after is not None else None
+        policy = flows.check_policy(policy)
+        if batch is not None:
+            flows.batch_id(batch)
+        notify = True
+        if parents is not None:
+            if args[8] != "pending":
+                raise JoblaneError("a job with after= cannot be enqueued held")
+            args[8], notify = "waiting", False
+        with telemetry.enqueue_span(kind, args[0]) as headers:
+            rows = await store.fetch_async(conn, self.store.enqueue(*args, replay_of, notify and self.notify,
+                                                                    self.channel, headers))
+        if not rows:
+            rows = await store.fetch_async(conn, self.store.unfinished_by_unique_key(args[7]))
+        job_id = rows[0][0]
+        if parents is not None:
+            await store.fetch_async(conn, flows.link_statement(self, [job_id], [parents], [policy]))
+        if batch is not None:
+            await flows.add_async(self, conn, batch, [job_id])
+        return job_id
 
     def enqueue_many(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple], *, batch: Any = None) -> list[int]:
         """Insert many jobs in one statement per 5,000, in the caller's transaction.
@@ -300,13 +329,7 @@ class App:
         children, parents, policies = flows.spec_flows(specs, ids)
         if children:
             store.fetch(conn, flows.link_statement(self, children, parents, policies))
-        by_batch: dict[int, list[int]] = {}
-        if batch is not None:
-            by_batch[flows.batch_id(batch)] = list(ids)
-        for spec, job_id in zip(specs, ids):
-            if type(spec) is JobSpec and spec.batch is not None:
-                by_batch.setdefault(flows.batch_id(spec.batch), []).append(job_id)
-        for batch_id, members in by_batch.items():
+        for batch_id, members in flows.batch_members(specs, ids, batch).items():
             flows.add(self, conn, batch_id, members)
 
     # -- workflows (flows.py) -------------------------------------------------
@@ -320,6 +343,11 @@ class App:
         cancelled, failed_ids, cancelled_ids.
         """
         return flows.create(self, conn, name=name, on_complete=on_complete)
+
+    async def batch_async(self, conn: Any, *, name: str | None = None,
+                          on_complete: tuple | None = None) -> flows.Batch:
+        """``batch`` on a psycopg AsyncConnection or an asyncpg connection."""
+        return await flows.create_async(self, conn, name=name, on_complete=on_complete)
 
     def get_batch(self, batch_id: int) -> flows.Batch:
         """The Batch of an existing id (to add jobs in a later transaction, or seal it)."""
@@ -359,9 +387,19 @@ class App:
         """``signal`` on a psycopg AsyncConnection or an asyncpg connection."""
         return (await store.fetch_async(conn, flows.signal_statement(self, key, data)))[0][0]
 
-    async def enqueue_many_async(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
+    async def enqueue_many_async(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple], *,
+                                 batch: Any = None) -> list[int]:
         """``enqueue_many`` on a psycopg AsyncConnection or an asyncpg connection."""
-        return await self._insert_chunks_async(conn, enqueue.chunks(self, jobs))
+        specs = jobs if isinstance(jobs, list) else list(jobs)
+        chunks = enqueue.chunks(self, specs)
+        ids = await self._insert_chunks_async(conn, chunks)
+        if batch is not None or any(c.flows for c in chunks):
+            children, parents, policies = flows.spec_flows(specs, ids)
+            if children:
+                await store.fetch_async(conn, flows.link_statement(self, children, parents, policies))
+            for batch_id, members in flows.batch_members(specs, ids, batch).items():
+                await flows.add_async(self, conn, batch_id, members)
+        return ids
 
     def _insert_chunks(self, conn: Any, chunks: list[enqueue.Chunk]) -> list[int]:
         ids: list[int] = []

@@ -97,8 +97,15 @@ def spec_flows(specs: list[Any], ids: list[int]) -> tuple[list[int], list[list[i
     return children, parents, policies
 
 
-def has_flows(specs: Iterable[Any]) -> bool:
-    return any(type(s) is JobSpec and (s.after is not None or s.batch is not None) for s in specs)
+def batch_members(specs: list[Any], ids: list[int], batch: Any) -> dict[int, list[int]]:
+    """The jobs of an enqueue_many call by the batch they join: ``batch`` for all, or each JobSpec's own."""
+    by_batch: dict[int, list[int]] = {}
+    if batch is not None:
+        by_batch[batch_id(batch)] = list(ids)
+    for spec, job_id in zip(specs, ids):
+        if type(spec) is JobSpec and spec.batch is not None:
+            by_batch.setdefault(batch_id(spec.batch), []).append(job_id)
+    return by_batch
 
 
 class Batch:
@@ -124,9 +131,18 @@ class Batch:
     def enqueue_many(self, conn: Any, jobs: Iterable[Any]) -> list[int]:
         return self.app.enqueue_many(conn, jobs, batch=self.id)
 
+    async def enqueue_async(self, conn: Any, kind: str, payload: Any = None, **options: Any) -> int:
+        return await self.app.enqueue_async(conn, kind, payload, batch=self.id, **options)
+
+    async def enqueue_many_async(self, conn: Any, jobs: Iterable[Any]) -> list[int]:
+        return await self.app.enqueue_many_async(conn, jobs, batch=self.id)
+
     def seal(self, conn: Any) -> bool:
         """No more jobs join; True when the batch finished now (nothing of it unfinished: the callback is in)."""
         return seal(self.app, conn, self.id)
+
+    async def seal_async(self, conn: Any) -> bool:
+        return await seal_async(self.app, conn, self.id)
 
     def progress(self, conn: Any = None) -> dict[str, Any]:
         found = progress(self.app, self.id, conn)
@@ -136,6 +152,16 @@ class Batch:
 
 
 def create(app: Any, conn: Any, *, name: str | None, on_complete: Any) -> Batch:
+    rows = store.fetch(conn, create_statement(app, name, on_complete))
+    return Batch(app, rows[0][0], name)
+
+
+async def create_async(app: Any, conn: Any, *, name: str | None, on_complete: Any) -> Batch:
+    rows = await store.fetch_async(conn, create_statement(app, name, on_complete))
+    return Batch(app, rows[0][0], name)
+
+
+def create_statement(app: Any, name: str | None, on_complete: Any) -> store.Statement:
     if name is not None:
         check_text("batch name", name, 200)
     kind = queue = body = priority = max_attempts = None
@@ -152,8 +178,7 @@ def create(app: Any, conn: Any, *, name: str | None, on_complete: Any) -> Batch:
             app, kind, queue=None, priority=None, run_after=None, delay=None, max_attempts=None, unique_key=None,
             held=False)
         body = to_json("on_complete payload", payload, app.max_payload_bytes)
-    rows = store.fetch(conn, app.store.create_batch(name, kind, queue, body, priority, max_attempts))
-    return Batch(app, rows[0][0], name)
+    return app.store.create_batch(name, kind, queue, body, priority, max_attempts)
 
 
 def add(app: Any, conn: Any, batch: Any, ids: list[int]) -> None:
@@ -168,6 +193,10 @@ async def add_async(app: Any, conn: Any, batch: Any, ids: list[int]) -> None:
 
 def seal(app: Any, conn: Any, batch: Any) -> bool:
     return bool(store.fetch(conn, app.store.seal_batch(batch_id(batch)))[0][0])
+
+
+async def seal_async(app: Any, conn: Any, batch: Any) -> bool:
+    return bool((await store.fetch_async(conn, app.store.seal_batch(batch_id(batch))))[0][0])
 
 
 def _batch_row(row: tuple) -> dict[str, Any]:

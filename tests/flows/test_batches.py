@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 import joblane
-from joblane.testing import run_jobs
+from joblane.testing import drain, run_jobs
 from tests.conftest import count, table, wait_until
 from tests.flows.test_dependencies import APP, finished, flow_app, runs_of  # noqa: F401 - the fixture
 
@@ -115,3 +115,21 @@ def test_an_empty_sealed_batch_calls_back_at_once(local, conn):
         assert batch.seal(tx) is True
     rows = callbacks(conn, app)
     assert len(rows) == 1 and rows[0][1]["batch"]["total"] == 0
+
+
+async def test_the_async_forms_on_asyncpg(local, conn):
+    import asyncpg
+
+    app = local
+    db = await asyncpg.connect(app.dsn)
+    try:
+        async with db.transaction():
+            batch = await app.batch_async(db, name="async", on_complete=("summary", {}))
+            first = await batch.enqueue_async(db, "step", {"n": 1})
+            [second] = await batch.enqueue_many_async(db, [joblane.JobSpec("step", {"n": 2}, after=[first])])
+            assert await batch.seal_async(db) is False
+    finally:
+        await db.close()
+    assert app.job_flow(second, conn)["parents"] == [first]
+    await drain(app)
+    assert len(callbacks(conn, app)) == 1 and callbacks(conn, app)[0][1]["batch"]["done"] == 2

@@ -61,9 +61,9 @@ def test_a_wait_times_out_into_a_retry_or_a_failure(app, conn, spawn_worker):
     wait_until(lambda: state(conn, app, failed) == "failed", message="the wait to time out")
     assert "timed out" in app.get_job(failed, conn)["last_error"]
     # retry: the task ran again (with no signal) and waits again
-    wait_until(lambda: runs_of(conn, app, retried) >= 2, message="the retry after the timeout")
+    wait_until(lambda: len(app.get_job(retried, conn)["attempt_rows"]) >= 3, message="the retry after the timeout")
     outcomes = [a["outcome"] for a in app.get_job(retried, conn)["attempt_rows"]]
-    assert outcomes[:3] == ["waiting", "timeout", "waiting"]
+    assert outcomes[:3] == ["waiting", "timeout", "waiting"] and runs_of(conn, app, retried) >= 2
     assert state(conn, app, forever) == "waiting" and runs_of(conn, app, forever) == 1
 
 
