@@ -151,3 +151,23 @@ def test_after_a_parent_that_already_finished(in_process, conn):
     with pytest.raises(joblane.JoblaneError, match="on_parent_failure"):
         with psycopg.connect(app.dsn) as tx:
             app.enqueue(tx, "step", {}, after=[done], on_parent_failure="maybe")
+
+
+def test_a_parent_the_rescuer_fails_cancels_its_child(flow_app, conn, spawn_worker):
+    """The parent's worker is SIGKILLed on its last attempt: the rescuer fails it, and its child follows."""
+    app = flow_app
+    with psycopg.connect(app.dsn) as tx:
+        parent = app.enqueue(tx, "step", {"sleep": 30}, max_attempts=1)
+        child = app.enqueue(tx, "step", {"n": "child"}, after=[parent])
+        kept = app.enqueue(tx, "step", {"n": "kept"}, after=[parent], on_parent_failure="run")
+    env = {"TEST_LEASE": "2"}
+    doomed = spawn_worker(APP, app.schema, "-c", "2", "--lease", "2", env=env)
+    wait_until(lambda: runs_of(conn, app, parent) == 1, message="the parent to start")
+    doomed.kill()
+    spawn_worker(APP, app.schema, "-c", "2", "--lease", "2", env=env)  # its rescuer finds the lost lease
+    wait_until(lambda: finished(conn, app, [parent, child, kept]), timeout=30, message="the rescue")
+    assert app.get_job(parent, conn)["state"] == "failed"
+    row = app.get_job(child, conn)
+    assert row["state"] == "cancelled" and f"parent job {parent} failed" in row["last_error"]
+    assert runs_of(conn, app, child) == 0
+    assert app.get_job(kept, conn)["state"] == "done"

@@ -76,3 +76,21 @@ def test_a_signal_wakes_every_job_waiting_for_its_key(app, conn, spawn_worker):
         assert app.signal(tx, "deploy:42", "go") == 3
     wait_until(lambda: count(conn, app, "state = 'done'") == 3, message="three wake-ups")
     assert {app.get_job(j, conn)["result"]["signal"] for j in jobs} == {"go"}
+
+
+def test_signals_racing_the_waits_are_never_lost(app, conn, spawn_worker):
+    """Each of 200 keys is signalled while its job runs, parks or waits: every job ends done, every signal used."""
+    n = 200
+    with psycopg.connect(app.dsn) as tx:
+        jobs = app.enqueue_many(tx, [("waiter", {"key": f"race:{i}"}) for i in range(n)])
+    spawn_worker(APP, app.schema, "-c", "20")
+    spawn_worker(APP, app.schema, "-c", "20")
+    wait_until(lambda: count(conn, app, "state IN ('running', 'waiting')"), message="the first tries")
+    with psycopg.connect(app.dsn, autocommit=True) as signaller:
+        for i in range(n):
+            with signaller.transaction():
+                app.signal(signaller, f"race:{i}", i)
+    wait_until(lambda: count(conn, app, "state = 'done'") == n, timeout=60, message="every job to be woken")
+    results = conn.execute(f"SELECT id, result FROM {table(app, 'jobs')} ORDER BY id").fetchall()
+    assert [r[1]["signal"] for r in results] == list(range(n)) and [r[0] for r in results] == jobs
+    assert conn.execute(f"SELECT count(*) FROM {table(app, 'signals')}").fetchone()[0] == 0
