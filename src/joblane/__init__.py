@@ -2,12 +2,14 @@
 
 from .app import App, Task
 from .errors import Hold, JoblaneError, PermanentError, RetryAfter, SchemaVersionError, WaitFor
+from .flows import Batch
 from .types import Job, JobSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
     "App",
+    "Batch",
     "Hold",
     "Job",
     "JobSpec",

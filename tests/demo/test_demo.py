@@ -70,6 +70,13 @@ def test_demo_accounts_for_every_lead_through_crashes(joblane_dsn):
         assert s["review"]["released"] is not None and s["review"]["released_in_crm"] is True
         assert s["model"]["calls"] >= s["model"]["answered"] > 0 and s["model"]["tokens_in"] > 0
 
+        # the nightly batch asked about every decided lead again; its callback waited for the manager's
+        # signal (a durable wait) and wrote the digest once
+        nightly = s["nightly"]
+        assert nightly["leads"] == s["qualified"] + s["not_qualified"]
+        assert nightly["answered"] + nightly["failed"] == nightly["leads"]
+        assert nightly["digest"]["approved_by"] == "demo manager"
+
         # and the database agrees, read directly
         with psycopg.connect(joblane_dsn, autocommit=True) as conn:
             q = quote_ident(schema)
@@ -78,6 +85,8 @@ def test_demo_accounts_for_every_lead_through_crashes(joblane_dsn):
                                 ).fetchone()[0] == 0
             outbox = dict(conn.execute(f"SELECT state, count(*) FROM {q}.outbox GROUP BY state").fetchall())
             assert outbox == {"sent": s["qualified"]}
+            assert conn.execute(f"SELECT count(*) FROM {q}.digests").fetchone()[0] == 1
+            assert conn.execute(f"SELECT count(*) FROM {q}.jobs WHERE kind = 'nightly_digest'").fetchone()[0] == 1
             keys = conn.execute(f"SELECT count(DISTINCT idempotency_key) FROM {q}.outbox").fetchone()[0]
             assert keys == s["qualified"]
             lost = conn.execute(f"SELECT count(DISTINCT job_id) FROM {q}.attempts WHERE outcome = 'lost'"
