@@ -72,7 +72,7 @@ CREATE TABLE {schema}.signals (
 
 -- The LISTEN/NOTIFY channel of jobs: '<schema>_jobs', payload the queue name.
 CREATE FUNCTION {schema}.jobs_channel() RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT (parse_ident('{schema}'))[1] || '_jobs'
+    SELECT (parse_ident('{schema}.jobs'))[1] || '_jobs'
 $$;
 
 -- Children of a parent that finished in state p_state: one parent fewer to
@@ -517,7 +517,7 @@ BEGIN
     OVERRIDING SYSTEM VALUE
     VALUES (new_id, publish.topic, publish.key, coalesce(publish.idempotency_key, 'outbox:' || new_id),
             coalesce(publish.payload, '{}'::jsonb), coalesce(publish.headers, '{}'::jsonb));
-    PERFORM pg_notify((parse_ident('{schema}'))[1] || '_outbox', '');
+    PERFORM pg_notify((parse_ident('{schema}.outbox'))[1] || '_outbox', '');
     RETURN new_id;
 END
 $$;
