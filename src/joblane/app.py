@@ -651,18 +651,35 @@ def _attach_enqueue(app: App, fn: Callable[..., Any], kind: str) -> None:
     async def enqueue_job_async(conn: Any, payload: Any = None, **options: Any) -> int:
         return await app.enqueue_async(conn, kind, payload, **options)
 
-    def enqueue_many(conn: Any, payloads: Iterable[Any], **options: Any) -> list[int]:
-        return app._insert_chunks(conn, enqueue.payload_chunks(app, kind, payloads, **options))
+    def as_specs(payloads: Iterable[Any], options: dict[str, Any]) -> list[JobSpec]:
+        """The jobs of a typed enqueue_many with parents (after=, on_parent_failure=): every job waits for them."""
+        after, policy = options.pop("after", None), options.pop("on_parent_failure", None)
+        return [JobSpec(kind, p, after=after, on_parent_failure=policy, **options) for p in payloads]
 
-    async def enqueue_many_async(conn: Any, payloads: Iterable[Any], **options: Any) -> list[int]:
-        return await app._insert_chunks_async(conn, enqueue.payload_chunks(app, kind, payloads, **options))
+    def enqueue_many(conn: Any, payloads: Iterable[Any], *, batch: Any = None, **options: Any) -> list[int]:
+        if "after" in options or "on_parent_failure" in options:
+            return app.enqueue_many(conn, as_specs(payloads, options), batch=batch)
+        chunks = enqueue.payload_chunks(app, kind, payloads, **options)
+        ids = app._insert_chunks(conn, chunks)
+        if batch is not None:
+            flows.add(app, conn, batch, ids)
+        return ids
+
+    async def enqueue_many_async(conn: Any, payloads: Iterable[Any], *, batch: Any = None,
+                                 **options: Any) -> list[int]:
+        if "after" in options or "on_parent_failure" in options:
+            return await app.enqueue_many_async(conn, as_specs(payloads, options), batch=batch)
+        ids = await app._insert_chunks_async(conn, enqueue.payload_chunks(app, kind, payloads, **options))
+        if batch is not None:
+            await flows.add_async(app, conn, batch, ids)
+        return ids
 
     enqueue_job.__doc__ = f"Enqueue a {kind!r} job on ``conn`` in the caller's transaction (App.enqueue)."
     enqueue_job_async.__doc__ = f"Enqueue a {kind!r} job on an async connection (App.enqueue_async)."
     enqueue_many.__doc__ = (
         f"Enqueue one {kind!r} job per payload on ``conn`` in the caller's transaction; returns their ids in order.\n\n"
-        "The options (queue, priority, run_after, delay, max_attempts, held) hold for every job; "
-        "one statement per 5,000 jobs (App.enqueue_many).")
+        "The options (queue, priority, run_after, delay, max_attempts, held; after, on_parent_failure, batch) "
+        "hold for every job; one statement per 5,000 jobs (App.enqueue_many).")
     enqueue_many_async.__doc__ = f"``enqueue_many`` of {kind!r} jobs on an async connection."
     try:
         fn.enqueue = enqueue_job

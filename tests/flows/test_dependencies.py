@@ -171,3 +171,25 @@ def test_a_parent_the_rescuer_fails_cancels_its_child(flow_app, conn, spawn_work
     assert row["state"] == "cancelled" and f"parent job {parent} failed" in row["last_error"]
     assert runs_of(conn, app, child) == 0
     assert app.get_job(kept, conn)["state"] == "done"
+
+
+def test_the_typed_forms_take_parents_and_a_batch(app, conn):
+    seen = []
+
+    @app.task("part")
+    def part(job):
+        seen.append(job.payload["n"])
+
+    @app.task("join")
+    def join(job):
+        seen.append("join")
+
+    with psycopg.connect(app.dsn) as tx:
+        batch = app.batch(tx)
+        parts = part.enqueue_many(tx, [{"n": i} for i in range(3)], batch=batch)
+        joined = join.enqueue_many(tx, [{}], after=parts, on_parent_failure="run")
+        batch.seal(tx)
+    assert app.job_flow(joined[0], conn)["parents"] == parts
+    run_jobs(app)
+    assert seen[-1] == "join" and sorted(seen[:3]) == [0, 1, 2]
+    assert app.batch_progress(batch.id, conn)["done"] == 3
