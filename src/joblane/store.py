@@ -299,6 +299,9 @@ class Store:
     def expire_waits(self, limit, channel) -> Statement:
         return self._s("expire_waits", limit, channel)
 
+    def prune_flows(self, retention_seconds, limit) -> Statement:
+        return self._s("prune_flows", retention_seconds, limit)
+
     def waiting_jobs(self, limit, queue) -> Statement:
         return self._s("waiting_jobs", limit, queue)
 

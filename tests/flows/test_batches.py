@@ -133,3 +133,26 @@ async def test_the_async_forms_on_asyncpg(local, conn):
     assert app.job_flow(second, conn)["parents"] == [first]
     await drain(app)
     assert len(callbacks(conn, app)) == 1 and callbacks(conn, app)[0][1]["batch"]["done"] == 2
+
+
+async def test_the_pruner_drops_finished_batches_with_their_jobs_and_old_signals(local, conn):
+    import asyncpg
+
+    from joblane.maintenance import Pruner
+
+    app = local
+    with psycopg.connect(app.dsn) as tx:
+        batch = app.batch(tx, on_complete=("summary", {}))
+        batch.enqueue(tx, "step", {"n": 1})
+        batch.seal(tx)
+        open_batch = app.batch(tx)
+        app.signal(tx, "nobody:waits", 1)
+    await drain(app)
+    db = await asyncpg.connect(app.dsn)
+    try:
+        await Pruner(app.store, retention=0).run_once(db)
+    finally:
+        await db.close()
+    assert [b["id"] for b in app.list_batches(conn)] == [open_batch.id]  # unfinished batches stay
+    assert conn.execute(f"SELECT count(*) FROM {table(app, 'signals')}").fetchone()[0] == 0
+    assert count(conn, app) == 0

@@ -89,6 +89,24 @@ WITH late AS (
 )
 SELECT id, state, CASE WHEN state = 'pending' THEN pg_notify($2, queue)::text END FROM expired;
 
+-- name: prune_flows
+-- Delete up to $2 batches finished more than $1 seconds ago none of whose jobs are left, and signals kept that long.
+WITH gone_batches AS (
+    DELETE FROM {schema}.batches AS b
+     WHERE b.id = ANY(ARRAY(
+               SELECT c.id FROM {schema}.batches AS c
+                WHERE c.finished_at < now() - make_interval(secs => $1::float8)
+                  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs AS j WHERE j.batch_id = c.id)
+                LIMIT $2))
+    RETURNING b.id
+), gone_signals AS (
+    DELETE FROM {schema}.signals
+     WHERE key = ANY(ARRAY(SELECT s.key FROM {schema}.signals AS s
+                            WHERE s.created_at < now() - make_interval(secs => $1::float8) LIMIT $2))
+    RETURNING key
+)
+SELECT (SELECT count(*) FROM gone_batches), (SELECT count(*) FROM gone_signals);
+
 -- name: waiting_jobs
 -- Waiting jobs (for a signal or for parents), oldest first, at most $1, of queue $2 (NULL = any).
 SELECT id, queue, kind, wait_key, parents_left, CASE WHEN wait_timeout IS NOT NULL THEN run_after END,
