@@ -34,6 +34,8 @@ def test_batch_pages_and_waiting_jobs(app, conn, client):
     assert "waits on signal approval:&lt;7&gt;" in jobs.text and "waits on 1 parent" in jobs.text
     detail = client.get(f"/jobs/{child}")
     assert f'href="/jobs/{first}"' in detail.text and f'href="/batches/{batch.id}"' in detail.text
+    overview = client.get("/")
+    assert overview.status_code == 200 and "waiting" in overview.text
     assert client.get("/batches/999999").status_code == 404
     assert client.get(f"/batches/{batch.id}?state=nope").status_code == 400
     with psycopg.connect(app.dsn) as tx:
