@@ -200,6 +200,8 @@ CREATE TABLE {schema}.signals (
 CREATE OR REPLACE FUNCTION {schema}.add_to_batch(p_batch bigint, p_ids bigint[])
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     sealed timestamptz;
@@ -222,6 +224,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.batch_job_finished(p_batch bigint)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     b record;
@@ -241,6 +245,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.enqueue(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_after timestamp with time zone DEFAULT NULL::timestamp with time zone, unique_key text DEFAULT NULL::text, priority integer DEFAULT 0, max_attempts integer DEFAULT 10)
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -294,6 +300,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.finish_batch(p_batch bigint)
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     b record;
@@ -335,6 +343,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.jobs_flow()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     IF NEW.state IN ('done', 'failed', 'cancelled') THEN
@@ -352,6 +362,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.link_jobs(p_children bigint[], p_parents bigint[], p_policies text[])
  RETURNS TABLE(child_id bigint, state text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -418,6 +430,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.park_jobs(p_outcomes jsonb, p_worker text)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     o record;
@@ -472,6 +486,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.publish(topic text, payload jsonb DEFAULT '{}'::jsonb, key text DEFAULT NULL::text, idempotency_key text DEFAULT NULL::text, headers jsonb DEFAULT '{}'::jsonb)
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -510,6 +526,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.release_children(p_parent bigint, p_state text)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     c record;
@@ -560,6 +578,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.seal_batch(p_batch bigint)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     b record;
@@ -584,6 +604,8 @@ $function$;
 CREATE OR REPLACE FUNCTION {schema}.signal(p_key text, p_data jsonb DEFAULT NULL::jsonb)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     n integer := 0;

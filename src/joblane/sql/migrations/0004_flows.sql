@@ -70,6 +70,12 @@ CREATE TABLE {schema}.signals (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- The functions below run as their owner (SECURITY DEFINER, with a fixed
+-- search_path; every name in them is qualified): a role that may only insert
+-- jobs (joblane grants --role app) calls enqueue, signal and the workflow
+-- functions it is granted, and they change jobs only in their own ways.
+-- EXECUTE is revoked from PUBLIC at the end of this file.
+
 -- The LISTEN/NOTIFY channel of jobs: '<schema>_jobs', payload the queue name.
 CREATE FUNCTION {schema}.jobs_channel() RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT (parse_ident('{schema}.jobs'))[1] || '_jobs'
@@ -80,7 +86,7 @@ $$;
 -- cancelled parent does. Children are locked in id order, so two parents
 -- finishing at the same instant serialise on the child row.
 CREATE FUNCTION {schema}.release_children(p_parent bigint, p_state text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c record;
     why text;
@@ -132,7 +138,7 @@ $$;
 -- merged into the callback's payload under "batch". The caller holds the
 -- batch row's lock and has checked that nothing of the batch is unfinished.
 CREATE FUNCTION {schema}.finish_batch(p_batch bigint) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     b record;
     summary jsonb;
@@ -166,7 +172,7 @@ $$;
 -- is unfinished any more, finish it. The row lock on the batch serialises the
 -- last completions; the check that follows it sees what they committed.
 CREATE FUNCTION {schema}.batch_job_finished(p_batch bigint) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     b record;
 BEGIN
@@ -185,7 +191,7 @@ $$;
 -- After a job's state changes, for jobs that have children or a batch only
 -- (the trigger's WHEN clause: a plain job never calls this function).
 CREATE FUNCTION {schema}.jobs_flow() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF NEW.state IN ('done', 'failed', 'cancelled') THEN
         IF NEW.has_children THEN
@@ -212,7 +218,7 @@ CREATE TRIGGER jobs_flow AFTER UPDATE OF state ON {schema}.jobs
 -- finishes after this transaction (and releases the child itself).
 CREATE FUNCTION {schema}.link_jobs(p_children bigint[], p_parents bigint[], p_policies text[])
 RETURNS TABLE (child_id bigint, state text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     wanted int;
@@ -279,7 +285,7 @@ $$;
 -- completions of the batch's jobs go on meanwhile, and sealing waits for
 -- this transaction, so no job joins a batch after its callback fired.
 CREATE FUNCTION {schema}.add_to_batch(p_batch bigint, p_ids bigint[]) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     sealed timestamptz;
     n integer;
@@ -301,7 +307,7 @@ $$;
 -- Seal batch p_batch: no more jobs join it. When nothing of it is unfinished
 -- (also when it is empty), it finishes now, in this transaction.
 CREATE FUNCTION {schema}.seal_batch(p_batch bigint) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     b record;
 BEGIN
@@ -327,7 +333,7 @@ $$;
 -- Returns how many jobs it woke. The advisory lock on the key serialises a
 -- signal with a job parking on the same key (park_jobs).
 CREATE FUNCTION {schema}.signal(p_key text, p_data jsonb DEFAULT NULL) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer := 0;
     q text;
@@ -364,7 +370,7 @@ $$;
 -- to pending with the signal; the others wait, with no worker and no lease.
 -- The try does not spend the attempt budget. Returns the ids that applied.
 CREATE FUNCTION {schema}.park_jobs(p_outcomes jsonb, p_worker text) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     o record;
     sig record;
@@ -428,7 +434,7 @@ CREATE FUNCTION {schema}.enqueue(
     priority integer DEFAULT 0,
     max_attempts integer DEFAULT 10
 ) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     new_id bigint;
@@ -487,7 +493,7 @@ CREATE FUNCTION {schema}.publish(
     idempotency_key text DEFAULT NULL,
     headers jsonb DEFAULT '{}'::jsonb
 ) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     new_id bigint;
@@ -521,3 +527,5 @@ BEGIN
     RETURN new_id;
 END
 $$;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC;
