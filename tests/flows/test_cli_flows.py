@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import psycopg
+from click.testing import CliRunner
 
+from joblane.cli import main
 from joblane.testing import run_jobs
-from tests.test_cli import cli
+
+
+def cli(*args: str, schema: str) -> subprocess.CompletedProcess:
+    """`joblane ARGS` in this process (click's runner), as the shell would see it."""
+    result = CliRunner().invoke(main, list(args), env={"JOBLANE_SCHEMA": schema})
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def test_batches_waiting_and_signal_commands(app, conn):
