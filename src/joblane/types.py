@@ -121,6 +121,7 @@ class Outcome:
     pause: float = 0.0  # seconds to pause the job's queue (RetryAfter(pause_queue=True))
     wait: str | None = None  # WaitFor: the key; the completer parks the job instead of completing it
     timeout: float | None = None  # WaitFor: seconds until on_timeout applies (None: no limit)
+    on_timeout: str | None = None  # WaitFor: "retry" or "fail"
 
     @classmethod
     def done(cls, job_id: int, attempt: int, *, result: str | None = None, started_at: float | None = None,
@@ -184,10 +185,10 @@ class Outcome:
     def waiting(cls, job_id: int, attempt: int, *, key: str, timeout: float | None, on_timeout: str,
                 started_at: float | None = None, finished_at: float | None = None,
                 meta: str | None = None) -> Outcome:
-        """``WaitFor``: ``waiting`` for signal ``key`` with no worker and no lease; the attempt refunded.
-        ``error`` holds ``on_timeout``."""
-        return cls(job_id, attempt, WAITING, OUTCOME_WAITING, error=on_timeout, refund=1, started_at=started_at,
-                   finished_at=finished_at, meta=meta, wait=key, timeout=timeout)
+        """``WaitFor``: ``waiting`` for signal ``key`` with no worker and no lease; the attempt refunded."""
+        return cls(job_id, attempt, WAITING, OUTCOME_WAITING, error=f"waiting for {key}", refund=1,
+                   started_at=started_at, finished_at=finished_at, meta=meta, wait=key, timeout=timeout,
+                   on_timeout=on_timeout)
 
 
 @dataclass

@@ -73,7 +73,7 @@ class Completer:
     async def park(self, batch: list[Outcome]) -> list[int]:
         """Park the jobs of ``batch`` (tries that raised WaitFor) in one statement; the ids that applied."""
         document = json.dumps([{"id": o.job_id, "attempt": o.attempt, "key": o.wait, "timeout": o.timeout,
-                                "on_timeout": o.error, "started_at": o.started_at, "finished_at": o.finished_at,
+                                "on_timeout": o.on_timeout, "started_at": o.started_at, "finished_at": o.finished_at,
                                 "meta": None if o.meta is None else json.loads(o.meta)} for o in batch])
         async with self._pool.acquire() as conn:
             applied = await store.records(conn, self.store.park_jobs(document, self.name))
