@@ -67,10 +67,12 @@ SELECT {schema}.park_jobs($1::text::jsonb, $2::text);
 
 -- name: expire_waits
 -- Up to $1 waiting jobs past their wait's deadline: failed, or pending again without a signal, by their wait_timeout.
+--
+-- It reads the waiting jobs through jobs_wait_key (the jobs that wait for a signal, however many).
 WITH late AS (
     SELECT id, wait_key
       FROM {schema}.jobs
-     WHERE state = 'waiting' AND wait_timeout IS NOT NULL AND run_after < now()
+     WHERE state = 'waiting' AND wait_key IS NOT NULL AND wait_timeout IS NOT NULL AND run_after < now()
      ORDER BY run_after
      LIMIT $1
        FOR UPDATE SKIP LOCKED

@@ -98,7 +98,6 @@ CREATE INDEX jobs_lease ON {schema}.jobs USING btree (lease_until) WHERE (state 
 CREATE INDEX jobs_ready ON {schema}.jobs USING btree (queue, priority, run_after, id) WHERE (state = 'pending'::text);
 CREATE INDEX jobs_replay_of ON {schema}.jobs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
 CREATE UNIQUE INDEX jobs_unique_key ON {schema}.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text, 'waiting'::text])));
-CREATE INDEX jobs_wait_deadline ON {schema}.jobs USING btree (run_after) WHERE ((state = 'waiting'::text) AND (wait_timeout IS NOT NULL));
 CREATE INDEX jobs_wait_key ON {schema}.jobs USING btree (wait_key) WHERE ((state = 'waiting'::text) AND (wait_key IS NOT NULL));
 
 CREATE TABLE {schema}.outbox (
