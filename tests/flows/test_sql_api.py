@@ -95,3 +95,12 @@ def test_publish_from_sql(app, conn):
                         ).fetchall()
     assert rows == [(first, "crm.lead", "lead-7", f"outbox:{first}", {"lead": 7}, "pending"),
                     (second, "crm.lead", None, "lead-7-v2", {}, "pending")]
+
+
+def test_the_workflow_functions_check_what_they_write(app, conn):
+    s = quote_ident(app.schema)
+    job = app.enqueue(conn, "step", {}, delay=3600)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="on_parent_failure"):
+        conn.execute(f"SELECT * FROM {s}.link_jobs(ARRAY[{job}]::bigint[], ARRAY[{job}]::bigint[], ARRAY['maybe'])")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="on_timeout"):
+        conn.execute(f"""SELECT {s}.park_jobs('[{{"id": {job}, "attempt": 1, "key": "k", "on_timeout": "never"}}]', 'w')""")

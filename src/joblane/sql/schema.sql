@@ -85,10 +85,8 @@ CREATE TABLE {schema}.jobs (
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_lease_only_when_running CHECK (((state = 'running'::text) = ((lease_until IS NOT NULL) AND (worker IS NOT NULL)))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts > 0)),
-    CONSTRAINT jobs_on_parent_failure_check CHECK ((on_parent_failure = ANY (ARRAY['cancel'::text, 'run'::text, 'hold'::text]))),
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
-    CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'held'::text, 'cancelled'::text, 'waiting'::text]))),
-    CONSTRAINT jobs_wait_timeout_check CHECK ((wait_timeout = ANY (ARRAY['retry'::text, 'fail'::text])))
+    CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'held'::text, 'cancelled'::text, 'waiting'::text])))
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
 CREATE INDEX jobs_batch ON {schema}.jobs USING btree (batch_id, state) WHERE (batch_id IS NOT NULL);
 CREATE INDEX jobs_failed ON {schema}.jobs USING btree (queue, finished_at) WHERE (state = 'failed'::text);
@@ -370,6 +368,10 @@ DECLARE
     found int;
     c record;
 BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_policies) AS x(pol) WHERE x.pol IS NULL OR x.pol NOT IN ('cancel', 'run', 'hold')) THEN
+        RAISE EXCEPTION 'joblane: on_parent_failure must be cancel, run or hold'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     SELECT count(DISTINCT p) INTO wanted FROM unnest(p_parents) AS p;
     WITH locked AS (
         UPDATE {schema}.jobs SET has_children = true
@@ -443,6 +445,10 @@ BEGIN
                     started_at float8, finished_at float8, meta jsonb)
          ORDER BY x.key, x.id
     LOOP
+        IF o.key IS NULL OR o.key = '' OR coalesce(o.on_timeout, 'retry') NOT IN ('retry', 'fail') THEN
+            RAISE EXCEPTION 'joblane: a wait needs a key, and on_timeout retry or fail'
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
         PERFORM pg_advisory_xact_lock(hashtextextended('joblane.signal:' || o.key, 0));
         DELETE FROM {schema}.signals WHERE key = o.key RETURNING * INTO sig;
         IF sig.key IS NOT NULL THEN

@@ -19,14 +19,17 @@ ALTER TABLE {schema}.attempts ADD CONSTRAINT attempts_outcome_check
 ALTER TABLE {schema}.attempts VALIDATE CONSTRAINT attempts_outcome_check;
 
 -- Every column is NULL on a plain job: adding them rewrites nothing, and a
--- plain job's row and its completion stay as they were.
+-- plain job's row and its completion stay as they were. They have no CHECK
+-- constraints: a CHECK costs every insert of every job (PostgreSQL prepares
+-- each one per statement), and only the functions below write these columns,
+-- checking what they write (link_jobs, park_jobs).
 ALTER TABLE {schema}.jobs
     ADD COLUMN parents_left      integer,   -- parents not finished yet (NULL: the job has no parents)
-    ADD COLUMN on_parent_failure text CHECK (on_parent_failure IN ('cancel', 'run', 'hold')),  -- NULL: cancel
+    ADD COLUMN on_parent_failure text,      -- 'cancel' (or NULL), 'run' or 'hold'
     ADD COLUMN has_children      boolean,   -- true once a job names this one in after=
     ADD COLUMN batch_id          bigint,    -- the batch the job belongs to
     ADD COLUMN wait_key          text,      -- the event a waiting job waits for
-    ADD COLUMN wait_timeout      text CHECK (wait_timeout IN ('retry', 'fail'));  -- what its timeout (run_after) does; NULL: none
+    ADD COLUMN wait_timeout      text;      -- 'retry' or 'fail' at run_after; NULL: no timeout
 
 -- A waiting job keeps its unique_key: the key is not free while the job can still run.
 DROP INDEX {schema}.jobs_unique_key;
@@ -225,6 +228,10 @@ DECLARE
     found int;
     c record;
 BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_policies) AS x(pol) WHERE x.pol IS NULL OR x.pol NOT IN ('cancel', 'run', 'hold')) THEN
+        RAISE EXCEPTION 'joblane: on_parent_failure must be cancel, run or hold'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     SELECT count(DISTINCT p) INTO wanted FROM unnest(p_parents) AS p;
     WITH locked AS (
         UPDATE {schema}.jobs SET has_children = true
@@ -382,6 +389,10 @@ BEGIN
                     started_at float8, finished_at float8, meta jsonb)
          ORDER BY x.key, x.id
     LOOP
+        IF o.key IS NULL OR o.key = '' OR coalesce(o.on_timeout, 'retry') NOT IN ('retry', 'fail') THEN
+            RAISE EXCEPTION 'joblane: a wait needs a key, and on_timeout retry or fail'
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
         PERFORM pg_advisory_xact_lock(hashtextextended('joblane.signal:' || o.key, 0));
         DELETE FROM {schema}.signals WHERE key = o.key RETURNING * INTO sig;
         IF sig.key IS NOT NULL THEN
