@@ -1,13 +1,15 @@
 """joblane: PostgreSQL as your job queue and transactional outbox."""
 
 from .app import App, Task
-from .errors import Hold, JoblaneError, PermanentError, RetryAfter, SchemaVersionError
+from .errors import Hold, JoblaneError, PermanentError, RetryAfter, SchemaVersionError, WaitFor
+from .flows import Batch
 from .types import Job, JobSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
     "App",
+    "Batch",
     "Hold",
     "Job",
     "JobSpec",
@@ -16,4 +18,5 @@ __all__ = [
     "RetryAfter",
     "SchemaVersionError",
     "Task",
+    "WaitFor",
 ]

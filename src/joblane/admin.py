@@ -18,7 +18,8 @@ from .errors import JoblaneError
 from .rules import MAX_DELAY, actor as default_actor, check_queue, check_text, hold_reason, parse_when, to_json
 from .types import JOB_STATES
 
-OUTCOMES = ("done", "retry", "snoozed", "failed", "held", "lost", "released", "rejected", "cancelled")
+OUTCOMES = ("done", "retry", "snoozed", "failed", "held", "lost", "released", "rejected", "cancelled", "waiting",
+            "timeout")
 OUTBOX_STATES = ("pending", "sent", "failed")
 
 
@@ -79,7 +80,7 @@ def get_job(app: Any, job_id: int, conn: Any = None) -> dict[str, Any] | None:
 
 # The states each bulk action takes jobs from; the guarded statements check them again.
 RETRYABLE = ("failed", "cancelled")
-CANCELLABLE = ("pending", "held", "running")
+CANCELLABLE = ("pending", "held", "running", "waiting")
 BULK_ACTIONS = ("retry", "cancel", "release", "reject")
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 
-from . import admin, enqueue, migrations, store, telemetry
+from . import admin, enqueue, flows, migrations, store, telemetry
 from .errors import JoblaneError
 from .queries import Queries, for_schema, validate_schema
 from .rules import check_queue, check_text, exponential_backoff, first_line, normalize_dsn
@@ -215,22 +215,53 @@ class App:
         unique_key: str | None = None,
         held: bool = False,
         replay_of: int | None = None,
+        after: Iterable[int] | int | None = None,
+        on_parent_failure: str | None = None,
+        batch: Any = None,
     ) -> int:
         """Insert a job on ``conn`` (psycopg 3), inside the caller's transaction; returns its id.
 
         With ``unique_key``, an unfinished job holding the same key is kept
-        and its id returned instead of inserting a second one.
+        and its id returned instead of inserting a second one. With ``after``
+        (job ids) it waits until every parent finished; ``on_parent_failure``
+        says what a parent that failed or was cancelled does to it:
+        ``"cancel"`` (default), ``"run"`` (anyway) or ``"hold"`` (for a
+        person). ``batch`` (App.batch) adds it to a batch.
         """
         args, notify = enqueue.prepare(
             self, kind, payload, queue=queue, priority=priority, run_after=run_after, delay=delay,
             max_attempts=max_attempts, unique_key=unique_key, held=held,
         )
+        if after is not None or batch is not None:
+            return self._enqueue_flow(conn, kind, args, replay_of, after, on_parent_failure, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:  # headers: the trace context, or None
             rows = store.fetch(conn, self.store.enqueue(*args, replay_of, notify, self.channel, headers),
                                prepare=self.prepare)
         if rows:
             return rows[0][0]
         return store.fetch(conn, self.store.unfinished_by_unique_key(unique_key))[0][0]
+
+    def _enqueue_flow(self, conn: Any, kind: str, args: list[Any], replay_of: int | None, after: Any,
+                      policy: str | None, batch: Any) -> int:
+        """``enqueue`` of a job with parents or a batch: insert (waiting, when it has parents), then link."""
+        parents = flows.check_parents(after) if after is not None else None
+        policy = flows.check_policy(policy)
+        if batch is not None:
+            flows.batch_id(batch)
+        notify = True
+        if parents is not None:
+            if args[8] != "pending":
+                raise JoblaneError("a job with after= cannot be enqueued held")
+            args[8], notify = "waiting", False  # until link_jobs counts its parents
+        with telemetry.enqueue_span(kind, args[0]) as headers:
+            rows = store.fetch(conn, self.store.enqueue(*args, replay_of, notify and self.notify, self.channel,
+                                                        headers))
+        job_id = rows[0][0] if rows else store.fetch(conn, self.store.unfinished_by_unique_key(args[7]))[0][0]
+        if parents is not None:
+            store.fetch(conn, flows.link_statement(self, [job_id], [parents], [policy]))
+        if batch is not None:
+            flows.add(self, conn, batch, [job_id])
+        return job_id
 
     async def enqueue_async(
         self,
@@ -246,12 +277,17 @@ class App:
         unique_key: str | None = None,
         held: bool = False,
         replay_of: int | None = None,
+        after: Iterable[int] | int | None = None,
+        on_parent_failure: str | None = None,
+        batch: Any = None,
     ) -> int:
         """``enqueue`` on a psycopg AsyncConnection or an asyncpg connection."""
         args, notify = enqueue.prepare(
             self, kind, payload, queue=queue, priority=priority, run_after=run_after, delay=delay,
             max_attempts=max_attempts, unique_key=unique_key, held=held,
         )
+        if after is not None or batch is not None:
+            return await self._enqueue_flow_async(conn, kind, args, replay_of, after, on_parent_failure, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:  # headers: the trace context, or None
             rows = await store.fetch_async(conn, self.store.enqueue(*args, replay_of, notify, self.channel, headers),
                                            prepare=self.prepare)
@@ -259,19 +295,122 @@ class App:
             return rows[0][0]
         return (await store.fetch_async(conn, self.store.unfinished_by_unique_key(unique_key)))[0][0]
 
-    def enqueue_many(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
+    async def _enqueue_flow_async(self, conn: Any, kind: str, args: list[Any], replay_of: int | None, after: Any,
+                                  policy: str | None, batch: Any) -> int:
+        """``_enqueue_flow`` on a psycopg AsyncConnection or an asyncpg connection."""
+        parents = flows.check_parents(after) if after is not None else None
+        policy = flows.check_policy(policy)
+        if batch is not None:
+            flows.batch_id(batch)
+        notify = True
+        if parents is not None:
+            if args[8] != "pending":
+                raise JoblaneError("a job with after= cannot be enqueued held")
+            args[8], notify = "waiting", False
+        with telemetry.enqueue_span(kind, args[0]) as headers:
+            rows = await store.fetch_async(conn, self.store.enqueue(*args, replay_of, notify and self.notify,
+                                                                    self.channel, headers))
+        if not rows:
+            rows = await store.fetch_async(conn, self.store.unfinished_by_unique_key(args[7]))
+        job_id = rows[0][0]
+        if parents is not None:
+            await store.fetch_async(conn, flows.link_statement(self, [job_id], [parents], [policy]))
+        if batch is not None:
+            await flows.add_async(self, conn, batch, [job_id])
+        return job_id
+
+    def enqueue_many(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple], *, batch: Any = None) -> list[int]:
         """Insert many jobs in one statement per 5,000, in the caller's transaction.
 
         Returns the ids of the jobs inserted, in order; a job whose
         ``unique_key`` an unfinished job already holds is skipped. Every job
         is validated before the first chunk is sent, so bad input writes
-        nothing; the error names the job (``jobs[3]: ...``).
+        nothing; the error names the job (``jobs[3]: ...``). A JobSpec's
+        ``after`` may name other JobSpecs of the same call (fan-out and
+        fan-in in one transaction); ``batch`` adds every job to a batch.
         """
-        return self._insert_chunks(conn, enqueue.chunks(self, jobs))
+        specs = jobs if isinstance(jobs, list) else list(jobs)
+        chunks = enqueue.chunks(self, specs)
+        ids = self._insert_chunks(conn, chunks)
+        if batch is not None or any(c.flows for c in chunks):
+            self._link_many(conn, specs, ids, batch)
+        return ids
 
-    async def enqueue_many_async(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple]) -> list[int]:
+    def _link_many(self, conn: Any, specs: list[Any], ids: list[int], batch: Any) -> None:
+        children, parents, policies = flows.spec_flows(specs, ids)
+        if children:
+            store.fetch(conn, flows.link_statement(self, children, parents, policies))
+        for batch_id, members in flows.batch_members(specs, ids, batch).items():
+            flows.add(self, conn, batch_id, members)
+
+    # -- workflows (flows.py) -------------------------------------------------
+
+    def batch(self, conn: Any, *, name: str | None = None, on_complete: tuple | None = None) -> flows.Batch:
+        """A new batch on ``conn``: add jobs to it (``batch.enqueue``, ``batch=``) until ``batch.seal(conn)``.
+
+        ``on_complete=(kind, payload)``: when the last job of the sealed batch
+        finishes, a job of that kind is inserted in the same transaction, once,
+        its payload extended with ``"batch"``: id, name, total, done, failed,
+        cancelled, failed_ids, cancelled_ids.
+        """
+        return flows.create(self, conn, name=name, on_complete=on_complete)
+
+    async def batch_async(self, conn: Any, *, name: str | None = None,
+                          on_complete: tuple | None = None) -> flows.Batch:
+        """``batch`` on a psycopg AsyncConnection or an asyncpg connection."""
+        return await flows.create_async(self, conn, name=name, on_complete=on_complete)
+
+    def get_batch(self, batch_id: int) -> flows.Batch:
+        """The Batch of an existing id (to add jobs in a later transaction, or seal it)."""
+        return flows.Batch(self, flows.batch_id(batch_id))
+
+    def seal_batch(self, conn: Any, batch: Any) -> bool:
+        return flows.seal(self, conn, batch)
+
+    def batch_progress(self, batch: Any, conn: Any = None) -> dict[str, Any] | None:
+        """A batch with its jobs counted by state, or None."""
+        return flows.progress(self, batch, conn)
+
+    def list_batches(self, conn: Any = None, *, before_id: int | None = None, limit: int = 50,
+                     unfinished: bool = False) -> list[dict[str, Any]]:
+        return flows.list_batches(self, conn, before_id=before_id, limit=limit, unfinished=unfinished)
+
+    def batch_jobs(self, batch: Any, conn: Any = None, *, state: str | None = None,
+                   limit: int = 200) -> list[dict[str, Any]]:
+        return flows.batch_jobs(self, batch, conn, state=state, limit=limit)
+
+    def job_flow(self, job_id: int, conn: Any = None) -> dict[str, Any] | None:
+        """What job ``job_id`` waits on: its wait key and deadline, parents left, batch, parents, children."""
+        return flows.job_flow(self, job_id, conn)
+
+    def waiting_jobs(self, conn: Any = None, *, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return flows.waiting_jobs(self, conn, queue=queue, limit=limit)
+
+    def signal(self, conn: Any, key: str, data: Any = None) -> int:
+        """Wake the jobs waiting for ``key`` (WaitFor) with ``data``, in the caller's transaction.
+
+        Returns how many jobs woke; with none waiting the signal is kept, and
+        the first job that waits for ``key`` consumes it.
+        """
+        return store.fetch(conn, flows.signal_statement(self, key, data))[0][0]
+
+    async def signal_async(self, conn: Any, key: str, data: Any = None) -> int:
+        """``signal`` on a psycopg AsyncConnection or an asyncpg connection."""
+        return (await store.fetch_async(conn, flows.signal_statement(self, key, data)))[0][0]
+
+    async def enqueue_many_async(self, conn: Any, jobs: Iterable[JobSpec | dict | tuple], *,
+                                 batch: Any = None) -> list[int]:
         """``enqueue_many`` on a psycopg AsyncConnection or an asyncpg connection."""
-        return await self._insert_chunks_async(conn, enqueue.chunks(self, jobs))
+        specs = jobs if isinstance(jobs, list) else list(jobs)
+        chunks = enqueue.chunks(self, specs)
+        ids = await self._insert_chunks_async(conn, chunks)
+        if batch is not None or any(c.flows for c in chunks):
+            children, parents, policies = flows.spec_flows(specs, ids)
+            if children:
+                await store.fetch_async(conn, flows.link_statement(self, children, parents, policies))
+            for batch_id, members in flows.batch_members(specs, ids, batch).items():
+                await flows.add_async(self, conn, batch_id, members)
+        return ids
 
     def _insert_chunks(self, conn: Any, chunks: list[enqueue.Chunk]) -> list[int]:
         ids: list[int] = []
@@ -578,18 +717,35 @@ def _attach_enqueue(app: App, fn: Callable[..., Any], kind: str) -> None:
     async def enqueue_job_async(conn: Any, payload: Any = None, **options: Any) -> int:
         return await app.enqueue_async(conn, kind, payload, **options)
 
-    def enqueue_many(conn: Any, payloads: Iterable[Any], **options: Any) -> list[int]:
-        return app._insert_chunks(conn, enqueue.payload_chunks(app, kind, payloads, **options))
+    def as_specs(payloads: Iterable[Any], options: dict[str, Any]) -> list[JobSpec]:
+        """The jobs of a typed enqueue_many with parents (after=, on_parent_failure=): every job waits for them."""
+        after, policy = options.pop("after", None), options.pop("on_parent_failure", None)
+        return [JobSpec(kind, p, after=after, on_parent_failure=policy, **options) for p in payloads]
 
-    async def enqueue_many_async(conn: Any, payloads: Iterable[Any], **options: Any) -> list[int]:
-        return await app._insert_chunks_async(conn, enqueue.payload_chunks(app, kind, payloads, **options))
+    def enqueue_many(conn: Any, payloads: Iterable[Any], *, batch: Any = None, **options: Any) -> list[int]:
+        if "after" in options or "on_parent_failure" in options:
+            return app.enqueue_many(conn, as_specs(payloads, options), batch=batch)
+        chunks = enqueue.payload_chunks(app, kind, payloads, **options)
+        ids = app._insert_chunks(conn, chunks)
+        if batch is not None:
+            flows.add(app, conn, batch, ids)
+        return ids
+
+    async def enqueue_many_async(conn: Any, payloads: Iterable[Any], *, batch: Any = None,
+                                 **options: Any) -> list[int]:
+        if "after" in options or "on_parent_failure" in options:
+            return await app.enqueue_many_async(conn, as_specs(payloads, options), batch=batch)
+        ids = await app._insert_chunks_async(conn, enqueue.payload_chunks(app, kind, payloads, **options))
+        if batch is not None:
+            await flows.add_async(app, conn, batch, ids)
+        return ids
 
     enqueue_job.__doc__ = f"Enqueue a {kind!r} job on ``conn`` in the caller's transaction (App.enqueue)."
     enqueue_job_async.__doc__ = f"Enqueue a {kind!r} job on an async connection (App.enqueue_async)."
     enqueue_many.__doc__ = (
         f"Enqueue one {kind!r} job per payload on ``conn`` in the caller's transaction; returns their ids in order.\n\n"
-        "The options (queue, priority, run_after, delay, max_attempts, held) hold for every job; "
-        "one statement per 5,000 jobs (App.enqueue_many).")
+        "The options (queue, priority, run_after, delay, max_attempts, held; after, on_parent_failure, batch) "
+        "hold for every job; one statement per 5,000 jobs (App.enqueue_many).")
     enqueue_many_async.__doc__ = f"``enqueue_many`` of {kind!r} jobs on an async connection."
     try:
         fn.enqueue = enqueue_job

@@ -13,7 +13,7 @@ from typing import Any, Iterable, NamedTuple
 
 from .errors import JoblaneError
 from .rules import MAX_DELAY, check_json_text, check_queue, check_text, encode_json, to_json
-from .types import HELD, PENDING, JobSpec
+from .types import HELD, PENDING, WAITING, JobSpec
 
 CHUNK = 5000  # jobs per enqueue_many statement
 
@@ -150,6 +150,7 @@ class Chunk(NamedTuple):
     states: str | None
     wake: list[str] | None  # the queues to notify
     unique: bool  # some job has a unique key: the statement with the arbiter
+    flows: bool = False  # some job has parents (after=) or a batch: App links them once inserted
 
 
 def statement(app: Any, chunk: Chunk) -> Any:
@@ -232,7 +233,7 @@ def _plain_chunk(app: Any, specs: list[Any]) -> Chunk | None:
             if t is JobSpec:
                 if (spec.queue is not None or spec.priority is not None or spec.run_after is not None
                         or spec.delay is not None or spec.max_attempts is not None or spec.unique_key is not None
-                        or spec.held):
+                        or spec.held or spec.after is not None or spec.batch is not None):
                     return None
                 add_kind(spec.kind)
                 add_payload(spec.payload)
@@ -299,6 +300,7 @@ def _full_chunk(app: Any, specs: list[Any], offset: int) -> Chunk:
     queue_col, kind_col, prio_col, max_col, after_col, delay_col, key_col, state_col = columns
     bodies: list[str] = []
     ready_queues: set[str] = set()
+    flows = False
     for i, spec in enumerate(specs):
         try:
             if type(spec) is not JobSpec:
@@ -328,6 +330,14 @@ def _full_chunk(app: Any, specs: list[Any], offset: int) -> Chunk:
                 run_after, delay, unique_key, state, ready = None, 0.0, spec.unique_key, PENDING, True
                 if unique_key is not None:
                     check_text("unique_key", unique_key, 1000)
+            if spec.after is not None or spec.batch is not None:
+                flows = True
+                if spec.unique_key is not None:
+                    raise JoblaneError("a job with after= or batch= cannot have a unique_key in enqueue_many")
+                if spec.after is not None:
+                    if spec.held:
+                        raise JoblaneError("a job with after= cannot be enqueued held")
+                    state, ready = WAITING, False  # until link_jobs counts its parents
             bodies.append(to_json("payload", spec.payload, limit))
         except JoblaneError as exc:
             raise JoblaneError(f"jobs[{offset + i}]: {exc}") from None
@@ -354,7 +364,7 @@ def _full_chunk(app: Any, specs: list[Any], offset: int) -> Chunk:
             shared.append(None)
             each.append(encode_json(column))
     return Chunk("[" + ",".join(bodies) + "]", *shared, *each, _wake(app, sorted(ready_queues)),
-                 any(k is not None for k in key_col))
+                 any(k is not None for k in key_col), flows)
 
 
 def _wake(app: Any, queues: list[str]) -> list[str] | None:

@@ -36,3 +36,27 @@ class Hold(Exception):
         self.reason = reason
         self.data = data
         super().__init__(reason)
+
+
+class WaitFor(Exception):
+    """Park the job until ``app.signal(conn, key, data)``: it waits with no worker and no lease.
+
+    The job runs again when the signal comes, with ``job.signal`` holding its
+    data. A signal sent before the wait is kept and consumed by it. After
+    ``timeout`` seconds (None: no limit) ``on_timeout`` decides: ``"retry"``
+    runs the job again with ``job.signal`` None, ``"fail"`` fails it.
+    """
+
+    def __init__(self, key: str, *, timeout: float | None = None, on_timeout: str = "retry"):
+        if not isinstance(key, str) or not key or len(key) > 1000 or "\x00" in key:
+            raise ValueError(f"WaitFor needs a key of 1-1000 characters, got {key!r}")
+        if timeout is not None:
+            timeout = float(timeout)
+            if not 0 <= timeout <= 10 * 365 * 86400:
+                raise ValueError(f"WaitFor timeout must be from 0 to ten years in seconds, got {timeout!r}")
+        if on_timeout not in ("retry", "fail"):
+            raise ValueError(f"WaitFor on_timeout must be 'retry' or 'fail', got {on_timeout!r}")
+        self.key = key
+        self.timeout = timeout
+        self.on_timeout = on_timeout
+        super().__init__(f"waiting for {key}")

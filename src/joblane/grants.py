@@ -58,7 +58,23 @@ TABLES: dict[str, tuple[str, str]] = {
     "budget_holds":   ("",                                                       "SELECT, INSERT, DELETE"),
     # cached steps: claim, fill, hit and release a key
     "step_cache":     ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
+    # workflows: the functions below write these; the app creates batches, the pruner deletes
+    "job_deps":       ("",                                                       "SELECT, DELETE"),
+    "batches":        ("INSERT, SELECT (id)",                                    "SELECT, INSERT, DELETE"),
+    "signals":        ("",                                                       "SELECT, DELETE"),
 }
+
+# Functions of the schema (SECURITY DEFINER: they run as the schema's owner, and
+# EXECUTE is revoked from PUBLIC) each role may call: the SQL API and the
+# workflow steps of enqueue (after=, batches) and signal; the worker also parks
+# the jobs whose task raised WaitFor. The rest are internal (the trigger's).
+FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "app": ("enqueue", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch"),
+    "worker": ("enqueue", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch", "park_jobs"),
+}
+# every function the migrations create, which the admin role owns
+ALL_FUNCTIONS = ("add_to_batch", "batch_job_finished", "enqueue", "finish_batch", "jobs_channel", "jobs_flow",
+                 "link_jobs", "park_jobs", "publish", "release_children", "seal_batch", "signal")
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).
 SEQUENCES: dict[str, tuple[str, ...]] = {
@@ -97,6 +113,7 @@ def statements(role: str, user: str, schema: str, database: str | None = None) -
             f"ALTER SCHEMA {s} OWNER TO {to};",
         ]
         out += [f"ALTER TABLE {s}.{quote_ident(table)} OWNER TO {to};" for table in TABLES]
+        out += [f"ALTER FUNCTION {s}.{quote_ident(name)} OWNER TO {to};" for name in ALL_FUNCTIONS]
         return out
     column = 0 if role == "app" else 1
     out = [f"-- {role}: least privileges on schema {schema}", f"GRANT USAGE ON SCHEMA {s} TO {to};"]
@@ -105,6 +122,8 @@ def statements(role: str, user: str, schema: str, database: str | None = None) -
             out.append(f"GRANT {privileges[column]} ON TABLE {s}.{quote_ident(table)} TO {to};")
     for sequence in SEQUENCES[role]:
         out.append(f"GRANT USAGE ON SEQUENCE {s}.{quote_ident(sequence)} TO {to};")
+    for function in FUNCTIONS[role]:
+        out.append(f"GRANT EXECUTE ON FUNCTION {s}.{quote_ident(function)} TO {to};")
     return out
 
 

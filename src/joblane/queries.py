@@ -15,7 +15,7 @@ from importlib import resources
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.M)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
 QUERY_FILES = ("jobs.sql", "admin.sql", "outbox.sql", "dashboard.sql", "periodic.sql", "review.sql", "limits.sql",
-               "history.sql", "ai.sql")
+               "history.sql", "ai.sql", "flows.sql")
 
 
 def validate_schema(name: str) -> str:

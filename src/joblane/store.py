@@ -267,6 +267,47 @@ class Store:
     def prune_processes(self, grace_seconds) -> Statement:
         return self._s("prune_processes", grace_seconds)
 
+    # -- flows.sql: dependencies, batches, durable waits -------------------------
+
+    def link_jobs(self, children, parents, policies) -> Statement:
+        return self._s("link_jobs", children, parents, policies)
+
+    def create_batch(self, name, kind, queue, payload_json, priority, max_attempts) -> Statement:
+        return self._s("create_batch", name, kind, queue, payload_json, priority, max_attempts)
+
+    def add_to_batch(self, batch_id, job_ids) -> Statement:
+        return self._s("add_to_batch", batch_id, job_ids)
+
+    def seal_batch(self, batch_id) -> Statement:
+        return self._s("seal_batch", batch_id)
+
+    def batch_progress(self, batch_id) -> Statement:
+        return self._s("batch_progress", batch_id)
+
+    def list_batches(self, before_id, limit, unfinished) -> Statement:
+        return self._s("list_batches", before_id, limit, unfinished)
+
+    def batch_jobs(self, batch_id, state, limit) -> Statement:
+        return self._s("batch_jobs", batch_id, state, limit)
+
+    def job_flow(self, job_id) -> Statement:
+        return self._s("job_flow", job_id)
+
+    def signal(self, key, data_json) -> Statement:
+        return self._s("signal", key, data_json)
+
+    def park_jobs(self, outcomes_json, worker) -> Statement:
+        return self._s("park_jobs", outcomes_json, worker)
+
+    def expire_waits(self, limit, channel) -> Statement:
+        return self._s("expire_waits", limit, channel)
+
+    def prune_flows(self, retention_seconds, limit) -> Statement:
+        return self._s("prune_flows", retention_seconds, limit)
+
+    def waiting_jobs(self, limit, queue) -> Statement:
+        return self._s("waiting_jobs", limit, queue)
+
     # -- admin.sql: reading and steering jobs ----------------------------------
 
     def status_counts(self) -> Statement:

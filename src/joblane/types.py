@@ -1,4 +1,4 @@
-"""Rows, states and outcomes shared by every part of joblane (imports nothing from joblane)."""
+"""Rows, states and outcomes shared by every part of joblane (imports only joblane.errors)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,18 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .errors import WaitFor
+
 PENDING = "pending"
 RUNNING = "running"
 DONE = "done"
 FAILED = "failed"
 HELD = "held"
 CANCELLED = "cancelled"
+WAITING = "waiting"  # for its parents (after=) or for a signal (WaitFor); the claim never reads it
 
-JOB_STATES = (PENDING, RUNNING, DONE, FAILED, HELD, CANCELLED)
-UNFINISHED_STATES = (PENDING, RUNNING, HELD)
+JOB_STATES = (PENDING, RUNNING, DONE, FAILED, HELD, CANCELLED, WAITING)
+UNFINISHED_STATES = (PENDING, RUNNING, HELD, WAITING)
 FINISHED_STATES = (DONE, FAILED, CANCELLED)
 
 # attempts.outcome
@@ -24,6 +27,10 @@ OUTCOME_SNOOZED = "snoozed"
 OUTCOME_FAILED = "failed"
 OUTCOME_HELD = "held"
 OUTCOME_LOST = "lost"
+OUTCOME_WAITING = "waiting"
+
+# what a child does when a parent fails or is cancelled for good
+PARENT_FAILURE_POLICIES = ("cancel", "run", "hold")
 
 
 @dataclass
@@ -44,7 +51,19 @@ class Job:
     created_at: dt.datetime | None = None
     replay_of: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    signal: Any = None  # the data of the signal that woke this job (WaitFor), else None
+    signal_key: str | None = None  # the key of that signal
     _steps: Any = field(default=None, repr=False, compare=False)
+
+    def wait_for_sync(self, key: str, *, timeout: float | None = None, on_timeout: str = "retry") -> Any:
+        """The data of signal ``key`` when it woke this job; else park the job until it comes (raises WaitFor)."""
+        if self.signal_key == key:
+            return self.signal
+        raise WaitFor(key, timeout=timeout, on_timeout=on_timeout)
+
+    async def wait_for(self, key: str, *, timeout: float | None = None, on_timeout: str = "retry") -> Any:
+        """``data = await job.wait_for("approval:7", timeout=86400)``: ``wait_for_sync`` for async tasks."""
+        return self.wait_for_sync(key, timeout=timeout, on_timeout=on_timeout)
 
     async def step(self, name: str, fn: Any, *args: Any, cache: bool = False, ttl: Any = "7d",
                    cache_key: str | None = None, **kwargs: Any) -> Any:
@@ -111,6 +130,9 @@ class Outcome(NamedTuple):
     meta: str | None = None  # JSON text
     pause: float = 0.0  # seconds to pause the job's queue (RetryAfter(pause_queue=True))
     lean: bool = False  # done, of a lean task (App.task(lean=True)): the row is deleted, no attempts row
+    wait: str | None = None  # WaitFor: the key; the completer parks the job instead of completing it
+    timeout: float | None = None  # WaitFor: seconds until on_timeout applies (None: no limit)
+    on_timeout: str | None = None  # WaitFor: "retry" or "fail"
 
     @classmethod
     def done(cls, job_id: int, attempt: int, *, result: str | None = None, started_at: float | None = None,
@@ -174,6 +196,16 @@ class Outcome(NamedTuple):
                    started_at=started_at, finished_at=finished_at, meta=meta)
 
 
+    @classmethod
+    def waiting(cls, job_id: int, attempt: int, *, key: str, timeout: float | None, on_timeout: str,
+                started_at: float | None = None, finished_at: float | None = None,
+                meta: str | None = None) -> Outcome:
+        """``WaitFor``: ``waiting`` for signal ``key`` with no worker and no lease; the attempt refunded."""
+        return cls(job_id, attempt, WAITING, OUTCOME_WAITING, error=f"waiting for {key}", refund=1,
+                   started_at=started_at, finished_at=finished_at, meta=meta, wait=key, timeout=timeout,
+                   on_timeout=on_timeout)
+
+
 @dataclass
 class JobSpec:
     """One job for ``App.enqueue_many``."""
@@ -187,3 +219,6 @@ class JobSpec:
     max_attempts: int | None = None
     unique_key: str | None = None
     held: bool = False
+    after: Any = None  # ids of jobs (or indexes of earlier jobs in the same enqueue_many: -1, -2, ... see App)
+    on_parent_failure: str | None = None  # "cancel" (default), "run" or "hold"
+    batch: Any = None  # a Batch (App.batch) or its id

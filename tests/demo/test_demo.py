@@ -77,6 +77,12 @@ def test_demo_accounts_for_every_lead_through_crashes(joblane_dsn):
         assert tour["cache"]["hits"] >= 1
         if "compare" in tour:  # the first prompt failed some scores: their replays are compared
             assert tour["compare"]["replay"]["jobs"] == tour["compare"]["original"]["failed"]
+        # the nightly batch asked about every decided lead again; its callback waited for the manager's
+        # signal (a durable wait) and wrote the digest once
+        nightly = s["nightly"]
+        assert nightly["leads"] == s["qualified"] + s["not_qualified"]
+        assert nightly["answered"] + nightly["failed"] == nightly["leads"]
+        assert nightly["digest"]["approved_by"] == "demo manager"
 
         # and the database agrees, read directly
         with psycopg.connect(joblane_dsn, autocommit=True) as conn:
@@ -86,6 +92,8 @@ def test_demo_accounts_for_every_lead_through_crashes(joblane_dsn):
                                 ).fetchone()[0] == 0
             outbox = dict(conn.execute(f"SELECT state, count(*) FROM {q}.outbox GROUP BY state").fetchall())
             assert outbox == {"sent": s["qualified"]}
+            assert conn.execute(f"SELECT count(*) FROM {q}.digests").fetchone()[0] == 1
+            assert conn.execute(f"SELECT count(*) FROM {q}.jobs WHERE kind = 'nightly_digest'").fetchone()[0] == 1
             keys = conn.execute(f"SELECT count(DISTINCT idempotency_key) FROM {q}.outbox").fetchone()[0]
             assert keys == s["qualified"]
             lost = conn.execute(f"SELECT count(DISTINCT job_id) FROM {q}.attempts WHERE outcome = 'lost'"

@@ -15,6 +15,7 @@ import pytest
 
 import joblane
 from joblane import grants, migrations
+from joblane.queries import quote_ident
 from joblane.testing import new_schema_name
 
 from ..conftest import ROOT, count, table, wait_until
@@ -232,3 +233,29 @@ def test_grants_command_errors_are_one_line():
                              timeout=60, env=env)
         assert out.returncode == 1
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_app_role_runs_workflows_through_the_functions_only(app, conn, joblane_dsn, make_role):
+    role = make_role("app")
+    apply(conn, "app", role, app.schema)
+    app.declare("echo")
+    with psycopg.connect(joblane_dsn, autocommit=True) as c:
+        c.execute(f'SET ROLE "{role}"')
+        with c.transaction():
+            parent = app.enqueue(c, "echo", {})
+            child = app.enqueue(c, "echo", {}, after=[parent])
+            batch = app.batch(c, on_complete=("echo", {}))
+            app.enqueue(c, "echo", {}, batch=batch)
+            batch.seal(c)
+            assert app.signal(c, "approval:1", {"ok": True}) == 0
+            sql_id = c.execute(f"SELECT {quote_ident(app.schema)}.enqueue('echo', '{{}}')").fetchone()[0]
+        for sql in (
+            f"SELECT {quote_ident(app.schema)}.release_children({parent}, 'done')",
+            f"SELECT {quote_ident(app.schema)}.finish_batch({batch.id})",
+            f"UPDATE {table(app, 'jobs')} SET state = 'pending' WHERE id = {child}",
+            f"SELECT * FROM {table(app, 'signals')}",
+            f"DELETE FROM {table(app, 'batches')}",
+        ):
+            assert denied(c, sql), sql
+    assert app.get_job(child, conn)["state"] == "waiting" and sql_id > child
+    assert app.batch_progress(batch.id, conn)["sealed_at"] is not None

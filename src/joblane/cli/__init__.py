@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from . import ai, core, dashboard, grants, outbox, processes, review, showcase
+from . import ai, core, dashboard, flows, grants, outbox, processes, review, showcase
 from .common import Fail, UsageFail
 
 
@@ -60,7 +60,7 @@ def main(ctx: click.Context, database_url: str | None, schema: str | None) -> No
     ctx.obj = {"dsn": database_url, "schema": schema}
 
 
-for _module in (core, processes, review, outbox, grants, dashboard, showcase, ai):
+for _module in (core, processes, review, outbox, flows, grants, dashboard, showcase, ai):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

@@ -20,6 +20,8 @@ from .common import Fail, Table, console, emit_json, needs_extra, print_table, r
 @click.option("--no-review", is_flag=True, help="Leave every held lead held (no release/reject at the end).")
 @click.option("--no-ai-tour", is_flag=True,
               help="Skip the closing tour: a spend cap reached and raised, a cached call, a replay compared.")
+@click.option("--no-nightly", is_flag=True,
+              help="Skip the nightly re-classification batch (its callback waits for a manager's signal).")
 @click.option("--serve", is_flag=True, help="Keep everything running after the summary (Ctrl-C stops it).")
 @click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port of the web form (default: any free one).")
 @click.option("--timeout", default=150.0, show_default=True, type=click.FloatRange(5, 3600),
@@ -28,8 +30,8 @@ from .common import Fail, Table, console, emit_json, needs_extra, print_table, r
               help=f"The demo's own schema (default: $JOBLANE_SCHEMA, else {DEFAULT_SCHEMA}).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (no live display).")
 @click.pass_context
-def demo(ctx: click.Context, lead_count, workers, concurrency, rate, no_chaos, no_review, no_ai_tour, serve, port,
-         timeout, schema_name, as_json) -> None:
+def demo(ctx: click.Context, lead_count, workers, concurrency, rate, no_chaos, no_review, no_ai_tour, no_nightly, serve,
+         port, timeout, schema_name, as_json) -> None:
     """Run the lead-intake example end to end: form, workers, model, relay, CRM, crashes included.
 
     Uses DATABASE_URL, or an embedded PostgreSQL when it is unset. The demo's
@@ -50,7 +52,8 @@ def demo(ctx: click.Context, lead_count, workers, concurrency, rate, no_chaos, n
     from ..showcase import demo as showcase_demo
 
     options = showcase_demo.Options(leads=lead_count, workers=workers, concurrency=concurrency, rate=rate,
-                                    chaos=not no_chaos, review=not no_review, ai_tour=not no_ai_tour, serve=serve,
+                                    chaos=not no_chaos, review=not no_review, ai_tour=not no_ai_tour,
+                                    nightly=not no_nightly, serve=serve,
                                     port=port, timeout=timeout, as_json=as_json)
     try:
         code = showcase_demo.run(ctx.obj.get("dsn"), schema_name or ctx.obj.get("schema"), options)

@@ -1,10 +1,12 @@
-"""Pruner: delete finished jobs (and their attempts) older than the retention."""
+"""Pruner: delete finished jobs (and their attempts) older than the retention; then finished batches
+none of whose jobs are left, and signals no job waited for."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from .. import store
 from ..store import Store
 from .service import Service
 
@@ -34,4 +36,7 @@ class Pruner(Service):
     async def _work(self, conn: Any) -> list[int]:
         """The ids of the jobs deleted."""
         stmt = self.store.prune_finished(self.retention, self.prune_failed, self.batch)
-        return [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
+        pruned = [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
+        if not self.behind:  # batches none of whose jobs are left, and signals no job waited for
+            await store.records(conn, self.store.prune_flows(self.retention, self.batch))
+        return pruned

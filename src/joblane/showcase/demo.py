@@ -77,6 +77,7 @@ class Options:
     rate: float = 25.0
     chaos: bool = True
     review: bool = True
+    nightly: bool = True
     serve: bool = False
     port: int = 0
     timeout: float = 150.0
@@ -245,6 +246,7 @@ class Demo:
         self.relay_crash: dict[str, Any] = {"done": False}
         self.review: dict[str, Any] = {"released": None, "released_lead": None, "rejected": None, "commands": []}
         self.tour: dict[str, Any] = {"ran": False, "commands": []}
+        self.nightly: dict[str, Any] = {"batch": None}
         self._servers: list[Any] = []
         self._conn: Any = None
         self._live: Live | None = None
@@ -506,6 +508,47 @@ class Demo:
             self.event(f"ai tour: replayed {failed} failed scores with prompt score-v2:"
                        f" `joblane compare score-v2` shows {report['fixed']} fixed")
 
+    async def nightly_run(self, deadline: float) -> None:
+        """The night: a batch re-asks the model about every decided lead; its callback waits for a manager."""
+        from .lead_intake import db
+        from .lead_intake.app import start_nightly
+
+        ids = [r["id"] for r in await db.rows(self._conn, "decided_ids", self.schema)]
+        async with self._conn.transaction():
+            batch = await start_nightly(self._conn, ids)
+        self.nightly["batch"] = batch.id
+        self.event(f"nightly: batch {batch.id} re-classifies {len(ids)} decided leads; "
+                   "its callback job writes the digest")
+        while True:  # the callback came (in the last completion's transaction) and waits for a sign-off
+            progress = await asyncio.to_thread(self.app.batch_progress, batch.id)
+            if progress["callback_job_id"] is not None:
+                job = await asyncio.to_thread(self.app.get_job, progress["callback_job_id"])
+                if job["state"] == "waiting":
+                    break
+                if job["state"] in ("failed", "cancelled"):
+                    raise DemoError(f"the nightly digest job {job['id']} {job['state']}: {job['last_error']}")
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            self.check_children()
+            await asyncio.sleep(0.2)
+        self.nightly["digest_job"] = progress["callback_job_id"]
+        args = ["signal", f"digest-approved:{batch.id}", "--data", json.dumps({"by": "demo manager"})]
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "joblane", *args, env=self.env,
+                                                    cwd=self.cwd, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        shown = shlex.join(["joblane", *args])
+        if proc.returncode != 0:
+            raise DemoError(f"`{shown}` failed: {out.decode(errors='replace').strip()}")
+        self.nightly["signal"] = shown
+        self.event(f"manager: {escape(shown)}")
+        while (await asyncio.to_thread(self.app.get_job, progress["callback_job_id"]))["state"] != "done":
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            self.check_children()
+            await asyncio.sleep(0.2)
+        self.nightly["progress"] = await asyncio.to_thread(self.app.batch_progress, batch.id)
+
     # -- watching -----------------------------------------------------------------
 
     async def refresh(self) -> None:
@@ -607,6 +650,9 @@ class Demo:
                         await self._watch(background, deadline)
                     if self.o.ai_tour:
                         await self.ai_tour(deadline)
+                    if self.o.nightly:
+                        await self.nightly_run(deadline)
+                        await self._watch(background, deadline)
                 finally:
                     for task in background:
                         task.cancel()
@@ -699,6 +745,16 @@ class Demo:
             relay_crash["posted_again"] = sum(per_key[k] - before[k] for k in relay_crash["already_in_crm"])
         else:
             relay_crash.pop("posts_before", None)
+        nightly: dict[str, Any] = {"batch": self.nightly["batch"]}
+        if self.nightly["batch"] is not None:
+            progress = self.nightly.get("progress") or self.app.batch_progress(self.nightly["batch"])
+            digest = await db.one(self._conn, "get_digest", self.schema, self.nightly["batch"])
+            nightly.update(leads=progress["total"], answered=progress["done"], failed=progress["failed"],
+                           callback_job=progress["callback_job_id"], signal=self.nightly.get("signal"),
+                           digest=None if digest is None else {"changed": digest["summary"]["changed"],
+                                                                "approved_by": digest["approved_by"]})
+            if digest is None and not timed_out:
+                unaccounted.append(f"nightly batch {self.nightly['batch']}: no digest written")
         accounted = (not timed_out and not unaccounted and not self.refused and duplicates == 0 and not unexpected
                      and len(outcomes) == len(self.accepted) == len(self.leads))
         return {
@@ -722,6 +778,7 @@ class Demo:
             "failures": [{"reason": r, "leads": n} for r, n in failures.most_common()],
             "unaccounted": unaccounted,
             "review": review,
+            "nightly": nightly,
             "model": {
                 "local": self.local_model is not None,
                 "calls": m["calls"], "answered": m["status_200"], "rate_limited_429": m["status_429"],
@@ -767,6 +824,14 @@ def print_summary(s: dict[str, Any], wall: float) -> None:
             landed = (f"\nlead {review['released_lead']} reached the CRM" if review.get("released_in_crm")
                       else f"\n[red]lead {review['released_lead']} did not reach the CRM[/red]")
         table.add_row("reviewed", "\n".join(escape(c) for c in review["commands"]) + landed)
+    n = s.get("nightly") or {}
+    if n.get("batch") is not None:
+        digest = n.get("digest")
+        table.add_row("nightly batch", f"batch {n['batch']}: {n['answered']} of {n['leads']} decided leads asked again"
+                      + (f", {n['failed']} failed" if n["failed"] else "")
+                      + (f"; {_n(len(digest['changed']), 'answer')} changed; the callback (job {n['callback_job']}) waited "
+                         f"for {escape(n['signal'] or '')} and wrote the digest" if digest else
+                         "; [red]no digest[/red]"))
     if s["failures"]:
         table.add_row("failed", "\n".join(f"{f['leads']} × {escape(f['reason'])}" for f in s["failures"]))
     else:

@@ -54,7 +54,7 @@ WITH target AS (
        -- never revive a job whose unique_key another unfinished job now holds
        AND (j.unique_key IS NULL OR NOT EXISTS (
              SELECT 1 FROM {schema}.jobs AS o
-              WHERE o.unique_key = j.unique_key AND o.state IN ('pending', 'running', 'held')))
+              WHERE o.unique_key = j.unique_key AND o.state IN ('pending', 'running', 'held', 'waiting')))
      FOR UPDATE SKIP LOCKED
 ), chosen AS (
     -- at most one job per unique_key (the newest): reviving two would break jobs_unique_key
@@ -70,11 +70,11 @@ UPDATE {schema}.jobs AS j
 RETURNING j.id;
 
 -- name: cancel_jobs
--- Cancel pending, held or running jobs: ids $1, or, when $1 is NULL, every job in states $4 of kind $5, queue $6, created in [$7, $8); a running task is stopped at its next heartbeat.
+-- Cancel pending, held, waiting or running jobs: ids $1, or, when $1 is NULL, every job in states $4 of kind $5, queue $6, created in [$7, $8); a running task is stopped at its next heartbeat.
 WITH target AS (
     SELECT id, state AS was, attempts, worker, started_at
       FROM {schema}.jobs
-     WHERE state IN ('pending', 'held', 'running')
+     WHERE state IN ('pending', 'held', 'running', 'waiting')
        AND (($1::bigint[] IS NOT NULL AND id = ANY($1))
             OR ($1::bigint[] IS NULL
                 AND state = ANY($4::text[])

@@ -190,7 +190,8 @@ SELECT min(id), max(id) FROM {schema}.jobs;
 -- filter no index serves (payload, error text) reads a bounded slice of the
 -- primary key per statement instead of the whole table.
 SELECT id, queue, kind, state, priority, attempts, max_attempts, run_after, last_error,
-       created_at, finished_at, worker, replay_of, left(payload::text, 160) AS payload_preview
+       created_at, finished_at, worker, replay_of, left(payload::text, 160) AS payload_preview,
+       wait_key, parents_left, batch_id
   FROM {schema}.jobs
  WHERE ($1::text[] IS NULL OR state = ANY($1))
    AND ($2::text IS NULL OR kind = $2)

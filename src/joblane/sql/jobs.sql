@@ -24,7 +24,7 @@ SELECT id, CASE WHEN $11::bool THEN pg_notify($12, queue)::text END AS notified
 -- name: unfinished_by_unique_key
 -- The unfinished job holding a unique_key (after enqueue skipped a duplicate).
 SELECT id FROM {schema}.jobs
- WHERE unique_key = $1 AND state IN ('pending', 'running', 'held');
+ WHERE unique_key = $1 AND state IN ('pending', 'running', 'held', 'waiting');
 
 -- name: enqueue_many
 -- Insert many jobs that differ only in payload (one kind, queue, priority, ... for all), none with a unique key: payloads $1 (a JSON array); wakes queues $10 once.
@@ -175,23 +175,38 @@ WITH outcome AS (
 SELECT id FROM applied;
 
 -- name: delete_done
--- Lean completion (App.task(lean=True)): delete jobs $1, each still running try $2 for worker $3; returns the ids deleted.
+-- Lean completion (App.task(lean=True)): delete jobs $1, each still running try $2 for worker $3; returns the ids finished.
 --
 -- The same guard as complete_jobs, so a late or repeated write is a no-op.
 -- A deleted job takes its checkpointed steps and the attempts rows of its
 -- earlier tries along (nothing would prune them otherwise); a first try
--- that succeeds has none of the latter, so that probe is skipped.
-WITH gone AS (
-    DELETE FROM {schema}.jobs AS j
+-- that succeeds has none of the latter, so that probe is skipped. A job that
+-- other jobs wait for (has_children) or that belongs to a batch is not
+-- deleted but set done, without an attempts row: the jobs_flow trigger
+-- releases its children or closes its batch as for any completion.
+WITH mine AS (
+    SELECT j.id, j.attempts, (coalesce(j.has_children, false) OR j.batch_id IS NOT NULL) AS linked
+      FROM {schema}.jobs AS j
      WHERE j.id = ANY($1::bigint[]) AND j.state = 'running' AND j.worker = $3
        AND j.attempts = ($2::int[])[array_position($1::bigint[], j.id)]
+       FOR UPDATE
+), gone AS (
+    DELETE FROM {schema}.jobs AS j
+     WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE NOT linked))
  RETURNING j.id, j.attempts
+), kept AS (
+    UPDATE {schema}.jobs AS j
+       SET state = 'done', lease_until = NULL, worker = NULL, finished_at = now()
+     WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE linked))
+ RETURNING j.id
 ), steps AS (
     DELETE FROM {schema}.job_steps AS s WHERE s.job_id = ANY(ARRAY(SELECT id FROM gone))
 ), earlier AS (
     DELETE FROM {schema}.attempts AS a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone WHERE attempts > 1))
 )
-SELECT id FROM gone;
+SELECT id FROM gone
+UNION ALL
+SELECT id FROM kept;
 
 -- name: extend_leases
 -- Heartbeat: extend the leases of the jobs worker $2 still runs; returns those it still owns.
@@ -241,6 +256,9 @@ WITH doomed AS (
     DELETE FROM {schema}.attempts AS a USING doomed WHERE a.job_id = doomed.id
 ), gone_steps AS (
     DELETE FROM {schema}.job_steps AS s USING doomed WHERE s.job_id = doomed.id
+), gone_deps AS (
+    -- dependencies of finished children (a finished parent's edges go with its children)
+    DELETE FROM {schema}.job_deps AS d USING doomed WHERE d.child_id = doomed.id
 )
 DELETE FROM {schema}.jobs AS j USING doomed WHERE j.id = doomed.id
 RETURNING j.id;

@@ -11,13 +11,28 @@ CREATE TABLE {schema}.attempts (
     outcome text NOT NULL,
     started_at timestamp with time zone,
     worker text,
-    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text]))),
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text, 'waiting'::text, 'timeout'::text]))),
     CONSTRAINT attempts_pkey PRIMARY KEY (id)
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
 CREATE INDEX attempts_finished ON {schema}.attempts USING btree (finished_at);
 CREATE INDEX attempts_job ON {schema}.attempts USING btree (job_id, attempt);
 CREATE INDEX attempts_model ON {schema}.attempts USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
 CREATE INDEX attempts_outcome ON {schema}.attempts USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
+
+CREATE TABLE {schema}.batches (
+    callback_job_id bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    name text,
+    on_complete_kind text,
+    on_complete_max_attempts integer,
+    on_complete_payload jsonb,
+    on_complete_priority smallint,
+    on_complete_queue text,
+    sealed_at timestamp with time zone,
+    CONSTRAINT batches_pkey PRIMARY KEY (id)
+);
 
 CREATE TABLE {schema}.budget_holds (
     attempt integer NOT NULL,
@@ -89,6 +104,13 @@ CREATE TABLE {schema}.inbox (
     CONSTRAINT inbox_pkey PRIMARY KEY (key)
 );
 
+CREATE TABLE {schema}.job_deps (
+    child_id bigint NOT NULL,
+    parent_id bigint NOT NULL,
+    CONSTRAINT job_deps_pkey PRIMARY KEY (parent_id, child_id)
+);
+CREATE INDEX job_deps_child ON {schema}.job_deps USING btree (child_id);
+
 CREATE TABLE {schema}.job_steps (
     attempt integer NOT NULL,
     finished_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -100,14 +122,18 @@ CREATE TABLE {schema}.job_steps (
 
 CREATE TABLE {schema}.jobs (
     attempts integer DEFAULT 0 NOT NULL,
+    batch_id bigint,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
+    has_children boolean,
     headers jsonb,
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     kind text NOT NULL,
     last_error text,
     lease_until timestamp with time zone,
     max_attempts integer DEFAULT 10 NOT NULL,
+    on_parent_failure text,
+    parents_left integer,
     payload jsonb DEFAULT '{}'::jsonb NOT NULL,
     priority smallint DEFAULT 0 NOT NULL,
     queue text DEFAULT 'default'::text NOT NULL,
@@ -118,13 +144,16 @@ CREATE TABLE {schema}.jobs (
     started_at timestamp with time zone,
     state text DEFAULT 'pending'::text NOT NULL,
     unique_key text,
+    wait_key text,
+    wait_timeout text,
     worker text,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_lease_only_when_running CHECK (((state = 'running'::text) = ((lease_until IS NOT NULL) AND (worker IS NOT NULL)))),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
-    CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'held'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'held'::text, 'cancelled'::text, 'waiting'::text])))
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
+CREATE INDEX jobs_batch ON {schema}.jobs USING btree (batch_id, state) WHERE (batch_id IS NOT NULL);
 CREATE INDEX jobs_failed ON {schema}.jobs USING btree (queue, finished_at) WHERE (state = 'failed'::text);
 CREATE INDEX jobs_finished ON {schema}.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX jobs_held ON {schema}.jobs USING btree (queue, id) WHERE (state = 'held'::text);
@@ -132,7 +161,8 @@ CREATE INDEX jobs_lease ON {schema}.jobs USING btree (lease_until) WHERE (state 
 CREATE INDEX jobs_ready ON {schema}.jobs USING btree (queue, priority, run_after, id) WHERE (state = 'pending'::text);
 CREATE INDEX jobs_replay_of ON {schema}.jobs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
 CREATE INDEX jobs_replay_tag ON {schema}.jobs USING btree (replay_tag, replay_of) WHERE (replay_tag IS NOT NULL);
-CREATE UNIQUE INDEX jobs_unique_key ON {schema}.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text])));
+CREATE UNIQUE INDEX jobs_unique_key ON {schema}.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text, 'waiting'::text])));
+CREATE INDEX jobs_wait_key ON {schema}.jobs USING btree (wait_key) WHERE ((state = 'waiting'::text) AND (wait_key IS NOT NULL));
 
 CREATE TABLE {schema}.outbox (
     attempts integer DEFAULT 0 NOT NULL,
@@ -223,6 +253,13 @@ CREATE TABLE {schema}.queue_starts (
 );
 CREATE INDEX queue_starts_window ON {schema}.queue_starts USING btree (queue, started_at);
 
+CREATE TABLE {schema}.signals (
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    data jsonb,
+    key text NOT NULL,
+    CONSTRAINT signals_pkey PRIMARY KEY (key)
+);
+
 CREATE TABLE {schema}.step_cache (
     attempt integer,
     claimed_until timestamp with time zone,
@@ -240,3 +277,453 @@ CREATE TABLE {schema}.step_cache (
     CONSTRAINT step_cache_state_check CHECK ((state = ANY (ARRAY['running'::text, 'done'::text])))
 );
 CREATE INDEX step_cache_created ON {schema}.step_cache USING btree (created_at);
+
+CREATE OR REPLACE FUNCTION {schema}.add_to_batch(p_batch bigint, p_ids bigint[])
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    sealed timestamptz;
+    n integer;
+BEGIN
+    SELECT sealed_at INTO sealed FROM {schema}.batches WHERE id = p_batch FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'joblane: batch % does not exist', p_batch USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    IF sealed IS NOT NULL THEN
+        RAISE EXCEPTION 'joblane: batch % is sealed; no job can join it', p_batch
+              USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE {schema}.jobs SET batch_id = p_batch WHERE id = ANY(p_ids) AND batch_id IS NULL;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.batch_job_finished(p_batch bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    b record;
+BEGIN
+    SELECT sealed_at, finished_at INTO b FROM {schema}.batches WHERE id = p_batch FOR NO KEY UPDATE;
+    IF NOT FOUND OR b.sealed_at IS NULL OR b.finished_at IS NOT NULL THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {schema}.jobs
+                WHERE batch_id = p_batch AND state IN ('pending', 'running', 'held', 'waiting')) THEN
+        RETURN;
+    END IF;
+    PERFORM {schema}.finish_batch(p_batch);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.enqueue(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_after timestamp with time zone DEFAULT NULL::timestamp with time zone, unique_key text DEFAULT NULL::text, priority integer DEFAULT 0, max_attempts integer DEFAULT 10)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+BEGIN
+    IF kind IS NULL OR kind = '' OR length(kind) > 200 THEN
+        RAISE EXCEPTION 'joblane.enqueue: kind must be a non-empty text of at most 200 characters'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF queue IS NULL OR queue !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
+        RAISE EXCEPTION 'joblane.enqueue: invalid queue name %: use 1-63 letters, digits, ''_'', ''.'', '':'' or ''-'', starting with a letter or digit', quote_literal(queue)
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF priority IS NULL OR priority NOT BETWEEN -32768 AND 32767 THEN
+        RAISE EXCEPTION 'joblane.enqueue: priority must be an integer from -32768 to 32767'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts IS NULL OR max_attempts NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'joblane.enqueue: max_attempts must be an integer from 1 to 100000'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF unique_key IS NOT NULL AND (unique_key = '' OR length(unique_key) > 1000) THEN
+        RAISE EXCEPTION 'joblane.enqueue: unique_key must be a non-empty text of at most 1000 characters'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF payload IS NULL THEN
+        payload := '{}'::jsonb;
+    END IF;
+    IF octet_length(payload::text) > 1000000 THEN
+        RAISE EXCEPTION 'joblane.enqueue: payload is larger than 1000000 bytes'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO {schema}.jobs AS j (queue, kind, payload, priority, max_attempts, run_after, unique_key)
+    VALUES (enqueue.queue, enqueue.kind, enqueue.payload, enqueue.priority, enqueue.max_attempts,
+            coalesce(enqueue.run_after, now()), enqueue.unique_key)
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running', 'held')
+    DO NOTHING
+    RETURNING j.id INTO new_id;
+    IF new_id IS NULL THEN
+        SELECT j.id INTO new_id FROM {schema}.jobs AS j
+         WHERE j.unique_key = enqueue.unique_key AND j.state IN ('pending', 'running', 'held', 'waiting');
+        RETURN new_id;
+    END IF;
+    IF enqueue.run_after IS NULL OR enqueue.run_after <= now() THEN
+        PERFORM pg_notify({schema}.jobs_channel(), enqueue.queue);
+    END IF;
+    RETURN new_id;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.finish_batch(p_batch bigint)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    b record;
+    summary jsonb;
+    callback bigint;
+BEGIN
+    SELECT * INTO b FROM {schema}.batches WHERE id = p_batch;
+    SELECT jsonb_build_object(
+               'id', b.id, 'name', b.name,
+               'total', count(*),
+               'done', count(*) FILTER (WHERE state = 'done'),
+               'failed', count(*) FILTER (WHERE state = 'failed'),
+               'cancelled', count(*) FILTER (WHERE state = 'cancelled'),
+               'failed_ids', coalesce(jsonb_agg(id ORDER BY id) FILTER (WHERE state = 'failed'), '[]'::jsonb),
+               'cancelled_ids', coalesce(jsonb_agg(id ORDER BY id) FILTER (WHERE state = 'cancelled'), '[]'::jsonb))
+      INTO summary
+      FROM {schema}.jobs WHERE batch_id = p_batch;
+    IF b.on_complete_kind IS NOT NULL THEN
+        INSERT INTO {schema}.jobs (queue, kind, payload, priority, max_attempts)
+        VALUES (b.on_complete_queue, b.on_complete_kind,
+                coalesce(b.on_complete_payload, '{}'::jsonb) || jsonb_build_object('batch', summary),
+                coalesce(b.on_complete_priority, 0), coalesce(b.on_complete_max_attempts, 10))
+        RETURNING id INTO callback;
+        PERFORM pg_notify({schema}.jobs_channel(), b.on_complete_queue);
+    END IF;
+    UPDATE {schema}.batches SET finished_at = now(), callback_job_id = callback WHERE id = p_batch;
+    RETURN callback;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.jobs_channel()
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT (parse_ident('{schema}.jobs'))[1] || '_jobs'
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.jobs_flow()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF NEW.state IN ('done', 'failed', 'cancelled') THEN
+        IF NEW.has_children THEN
+            PERFORM {schema}.release_children(NEW.id, NEW.state);
+        END IF;
+        IF NEW.batch_id IS NOT NULL THEN
+            PERFORM {schema}.batch_job_finished(NEW.batch_id);
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.link_jobs(p_children bigint[], p_parents bigint[], p_policies text[])
+ RETURNS TABLE(child_id bigint, state text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    wanted int;
+    found int;
+    c record;
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_policies) AS x(pol) WHERE x.pol IS NULL OR x.pol NOT IN ('cancel', 'run', 'hold')) THEN
+        RAISE EXCEPTION 'joblane: on_parent_failure must be cancel, run or hold'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT count(DISTINCT p) INTO wanted FROM unnest(p_parents) AS p;
+    WITH locked AS (
+        UPDATE {schema}.jobs SET has_children = true
+         WHERE id IN (SELECT DISTINCT p FROM unnest(p_parents) AS p)
+        RETURNING id
+    ) SELECT count(*) INTO found FROM locked;
+    IF found < wanted THEN
+        RAISE EXCEPTION 'joblane: after= names % job(s) that do not exist', wanted - found
+              USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    INSERT INTO {schema}.job_deps (parent_id, child_id)
+    SELECT DISTINCT e.p, e.c FROM unnest(p_parents, p_children) AS e(p, c)
+    ON CONFLICT DO NOTHING;
+    FOR c IN
+        SELECT e.c AS id, min(e.pol) AS policy,
+               count(*) FILTER (WHERE pj.state IN ('pending', 'running', 'held', 'waiting')) AS open,
+               string_agg(CASE WHEN pj.state IN ('failed', 'cancelled')
+                               THEN 'parent job ' || pj.id || ' ' || pj.state END, ', ') AS why
+          FROM (SELECT DISTINCT x.c, x.p, x.pol
+                  FROM unnest(p_children, p_parents, p_policies) AS x(c, p, pol)) AS e
+          JOIN {schema}.jobs AS pj ON pj.id = e.p
+         GROUP BY e.c
+         ORDER BY e.c
+    LOOP
+        IF c.why IS NOT NULL AND c.policy = 'cancel' THEN
+            UPDATE {schema}.jobs AS j
+               SET state = 'cancelled', finished_at = now(), parents_left = c.open, on_parent_failure = c.policy,
+                   last_error = 'cancelled: ' || c.why
+             WHERE j.id = c.id AND j.state = 'waiting' AND j.parents_left IS NULL;
+            INSERT INTO {schema}.attempts (job_id, attempt, started_at, outcome, error)
+            SELECT c.id, 0, now(), 'cancelled', 'cancelled: ' || c.why WHERE FOUND;
+        ELSIF c.open > 0 THEN
+            UPDATE {schema}.jobs AS j
+               SET parents_left = c.open, on_parent_failure = c.policy, last_error = c.why
+             WHERE j.id = c.id AND j.state = 'waiting' AND j.parents_left IS NULL;
+        ELSIF c.why IS NOT NULL AND c.policy = 'hold' THEN
+            UPDATE {schema}.jobs AS j
+               SET state = 'held', parents_left = 0, on_parent_failure = c.policy,
+                   last_error = 'held: ' || c.why || '; release to run it anyway'
+             WHERE j.id = c.id AND j.state = 'waiting' AND j.parents_left IS NULL;
+        ELSE
+            UPDATE {schema}.jobs AS j
+               SET state = 'pending', parents_left = 0, on_parent_failure = c.policy,
+                   last_error = CASE WHEN c.why IS NULL THEN NULL ELSE 'ran anyway: ' || c.why END
+             WHERE j.id = c.id AND j.state = 'waiting' AND j.parents_left IS NULL;
+            IF FOUND THEN
+                PERFORM pg_notify({schema}.jobs_channel(), (SELECT queue FROM {schema}.jobs AS q WHERE q.id = c.id));
+            END IF;
+        END IF;
+        child_id := c.id;
+        SELECT j.state INTO state FROM {schema}.jobs AS j WHERE j.id = c.id;
+        RETURN NEXT;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.park_jobs(p_outcomes jsonb, p_worker text)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    o record;
+    sig record;
+    q text;
+BEGIN
+    FOR o IN
+        SELECT * FROM jsonb_to_recordset(p_outcomes)
+               AS x(id bigint, attempt int, key text, timeout float8, on_timeout text,
+                    started_at float8, finished_at float8, meta jsonb)
+         ORDER BY x.key, x.id
+    LOOP
+        IF o.key IS NULL OR o.key = '' OR coalesce(o.on_timeout, 'retry') NOT IN ('retry', 'fail') THEN
+            RAISE EXCEPTION 'joblane: a wait needs a key, and on_timeout retry or fail'
+                  USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM pg_advisory_xact_lock(hashtextextended('joblane.signal:' || o.key, 0));
+        DELETE FROM {schema}.signals WHERE key = o.key RETURNING * INTO sig;
+        IF sig.key IS NOT NULL THEN
+            UPDATE {schema}.jobs
+               SET state = 'pending', attempts = attempts - 1, run_after = now(), lease_until = NULL,
+                   worker = NULL, wait_key = NULL, wait_timeout = NULL,
+                   headers = coalesce(headers, '{}'::jsonb)
+                             || jsonb_build_object('joblane.signal', jsonb_build_object('key', o.key, 'data', sig.data))
+             WHERE id = o.id AND state = 'running' AND attempts = o.attempt AND worker = p_worker
+            RETURNING queue INTO q;
+            IF NOT FOUND THEN  -- the job was rescued or cancelled meanwhile: keep the signal
+                INSERT INTO {schema}.signals (key, data, created_at) VALUES (sig.key, sig.data, sig.created_at);
+                CONTINUE;
+            END IF;
+            PERFORM pg_notify({schema}.jobs_channel(), q);
+        ELSE
+            UPDATE {schema}.jobs
+               SET state = 'waiting', attempts = attempts - 1, lease_until = NULL, worker = NULL,
+                   -- with a timeout, run_after is the wait's deadline and wait_timeout its policy
+                   wait_key = o.key,
+                   wait_timeout = CASE WHEN o.timeout IS NULL THEN NULL ELSE coalesce(o.on_timeout, 'retry') END,
+                   run_after = now() + make_interval(secs => coalesce(o.timeout, 0)),
+                   last_error = 'waiting for ' || o.key,
+                   headers = CASE WHEN headers ? 'joblane.signal' THEN headers - 'joblane.signal' ELSE headers END
+             WHERE id = o.id AND state = 'running' AND attempts = o.attempt AND worker = p_worker;
+            IF NOT FOUND THEN
+                CONTINUE;
+            END IF;
+        END IF;
+        INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, finished_at, outcome, error, meta)
+        VALUES (o.id, o.attempt, p_worker, to_timestamp(o.started_at), coalesce(to_timestamp(o.finished_at), now()),
+                'waiting', 'waiting for ' || o.key
+                           || CASE WHEN sig.key IS NOT NULL THEN ' (signalled before the wait)' ELSE '' END,
+                o.meta);
+        RETURN NEXT o.id;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.publish(topic text, payload jsonb DEFAULT '{}'::jsonb, key text DEFAULT NULL::text, idempotency_key text DEFAULT NULL::text, headers jsonb DEFAULT '{}'::jsonb)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+BEGIN
+    IF topic IS NULL OR topic = '' OR length(topic) > 255 THEN
+        RAISE EXCEPTION 'joblane.publish: topic must be a non-empty text of at most 255 characters'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF key IS NOT NULL AND (key = '' OR length(key) > 1000) THEN
+        RAISE EXCEPTION 'joblane.publish: key must be a non-empty text of at most 1000 characters'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF idempotency_key IS NOT NULL AND (idempotency_key = '' OR length(idempotency_key) > 1000) THEN
+        RAISE EXCEPTION 'joblane.publish: idempotency_key must be a non-empty text of at most 1000 characters'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'joblane.publish: headers must be a JSON object of strings'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(coalesce(payload, '{}'::jsonb)::text) > 1000000 THEN
+        RAISE EXCEPTION 'joblane.publish: payload is larger than 1000000 bytes'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    new_id := nextval(pg_get_serial_sequence('{schema}.outbox', 'id'));
+    INSERT INTO {schema}.outbox AS o (id, topic, key, idempotency_key, payload, headers)
+    OVERRIDING SYSTEM VALUE
+    VALUES (new_id, publish.topic, publish.key, coalesce(publish.idempotency_key, 'outbox:' || new_id),
+            coalesce(publish.payload, '{}'::jsonb), coalesce(publish.headers, '{}'::jsonb));
+    PERFORM pg_notify((parse_ident('{schema}.outbox'))[1] || '_outbox', '');
+    RETURN new_id;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.release_children(p_parent bigint, p_state text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    c record;
+    why text;
+BEGIN
+    FOR c IN
+        SELECT j.id, j.queue, j.parents_left, coalesce(j.on_parent_failure, 'cancel') AS policy,
+               j.last_error, j.attempts
+          FROM {schema}.jobs AS j
+         WHERE j.id IN (SELECT d.child_id FROM {schema}.job_deps AS d WHERE d.parent_id = p_parent)
+           AND j.state = 'waiting' AND j.parents_left > 0
+         ORDER BY j.id
+           FOR UPDATE
+    LOOP
+        why := CASE WHEN p_state = 'done' THEN NULL ELSE 'parent job ' || p_parent || ' ' || p_state END;
+        IF why IS NOT NULL AND c.policy = 'cancel' THEN
+            UPDATE {schema}.jobs
+               SET state = 'cancelled', finished_at = now(), parents_left = c.parents_left - 1,
+                   last_error = 'cancelled: ' || why
+             WHERE id = c.id;
+            INSERT INTO {schema}.attempts (job_id, attempt, started_at, outcome, error, meta)
+            VALUES (c.id, c.attempts, now(), 'cancelled', 'cancelled: ' || why,
+                    jsonb_build_object('parent', p_parent, 'parent_state', p_state));
+        ELSIF c.parents_left > 1 THEN
+            UPDATE {schema}.jobs
+               SET parents_left = c.parents_left - 1, last_error = coalesce(why, c.last_error)
+             WHERE id = c.id;
+        ELSIF coalesce(why, c.last_error) IS NOT NULL AND c.policy = 'hold' THEN
+            UPDATE {schema}.jobs
+               SET state = 'held', parents_left = 0,
+                   last_error = 'held: ' || coalesce(why, c.last_error) || '; release to run it anyway'
+             WHERE id = c.id;
+            INSERT INTO {schema}.attempts (job_id, attempt, started_at, outcome, error, meta)
+            VALUES (c.id, c.attempts, now(), 'held', 'held: ' || coalesce(why, c.last_error),
+                    jsonb_build_object('parent', p_parent, 'parent_state', p_state));
+        ELSE
+            UPDATE {schema}.jobs
+               SET state = 'pending', parents_left = 0, run_after = greatest(run_after, now()),
+                   last_error = CASE WHEN coalesce(why, c.last_error) IS NULL THEN NULL
+                                     ELSE 'ran anyway: ' || coalesce(why, c.last_error) END
+             WHERE id = c.id;
+            PERFORM pg_notify({schema}.jobs_channel(), c.queue);
+        END IF;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.seal_batch(p_batch bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    b record;
+BEGIN
+    SELECT sealed_at, finished_at INTO b FROM {schema}.batches WHERE id = p_batch FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'joblane: batch % does not exist', p_batch USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    IF b.sealed_at IS NULL THEN
+        UPDATE {schema}.batches SET sealed_at = now() WHERE id = p_batch;
+    END IF;
+    IF b.finished_at IS NULL AND NOT EXISTS (
+            SELECT 1 FROM {schema}.jobs
+             WHERE batch_id = p_batch AND state IN ('pending', 'running', 'held', 'waiting')) THEN
+        PERFORM {schema}.finish_batch(p_batch);
+        RETURN true;
+    END IF;
+    RETURN b.finished_at IS NOT NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.signal(p_key text, p_data jsonb DEFAULT NULL::jsonb)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    n integer := 0;
+    q text;
+BEGIN
+    IF p_key IS NULL OR p_key = '' OR length(p_key) > 1000 THEN
+        RAISE EXCEPTION 'joblane: a signal key is a non-empty text of at most 1000 characters'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('joblane.signal:' || p_key, 0));
+    FOR q IN
+        WITH woken AS (
+            UPDATE {schema}.jobs
+               SET state = 'pending', run_after = now(), wait_key = NULL, wait_timeout = NULL, last_error = NULL,
+                   headers = coalesce(headers, '{}'::jsonb)
+                             || jsonb_build_object('joblane.signal', jsonb_build_object('key', p_key, 'data', p_data))
+             WHERE state = 'waiting' AND wait_key = p_key
+            RETURNING queue
+        ) SELECT woken.queue FROM woken
+    LOOP
+        n := n + 1;
+        PERFORM pg_notify({schema}.jobs_channel(), q);
+    END LOOP;
+    IF n = 0 THEN
+        INSERT INTO {schema}.signals (key, data) VALUES (p_key, p_data)
+        ON CONFLICT (key) DO UPDATE SET data = excluded.data, created_at = now();
+    END IF;
+    RETURN n;
+END
+$function$;
+
+CREATE TRIGGER jobs_flow AFTER UPDATE OF state ON {schema}.jobs FOR EACH ROW WHEN (((new.has_children OR (new.batch_id IS NOT NULL)) AND (new.state = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])) AND (NOT (old.state = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]))))) EXECUTE FUNCTION {schema}.jobs_flow();

@@ -11,6 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import admin, store
 from ..app import App
+from ..flows import waits_on
 from ..rules import hold_reason
 from ..types import JOB_STATES
 
@@ -187,7 +188,8 @@ class Data:
         slices of one page ran out before ``limit`` rows matched, the id the search stopped at (older ids
         not searched yet), else None."""
         keys = ("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "run_after", "last_error",
-                "created_at", "finished_at", "worker", "replay_of", "payload_preview")
+                "created_at", "finished_at", "worker", "replay_of", "payload_preview", "wait_key", "parents_left",
+                "batch_id")
         args = search_args(search)
         states = search.get("states") or []
         narrowed = any(search.get(k) for k in ("kind", "queue", "since", "until", "payload", "error"))
@@ -195,7 +197,7 @@ class Data:
             # a partial index holds just these states (work in flight, failures), or nothing filters: newest
             # first down the primary key stops at the first rows; either way one statement is bounded
             rows = self._rows(self.app.store.dashboard_search_jobs(*args, before_id, limit, None))
-            return [dict(zip(keys, r)) for r in rows], None
+            return _with_waits([dict(zip(keys, r)) for r in rows]), None
         low, high = self._rows(self.app.store.dashboard_job_id_range())[0]
         if low is None:
             return [], None
@@ -208,7 +210,7 @@ class Data:
             rows += self._rows(self.app.store.dashboard_search_jobs(*args, top, limit - len(rows), bottom))
             top = bottom
         stopped = top if len(rows) < limit and top > low else None
-        return [dict(zip(keys, r)) for r in rows], stopped
+        return _with_waits([dict(zip(keys, r)) for r in rows]), stopped
 
     def search_ids(self, search: dict[str, Any], limit: int) -> tuple[int, list[int]]:
         """How many jobs match a search in all, and the ids of the first ``limit`` of them (oldest first)."""
@@ -221,6 +223,9 @@ class Data:
             if job is None:
                 return None
             job.setdefault("replays", [])
+            job["flow"] = self.app.job_flow(job_id, conn)
+            flow = job["flow"] or {}
+            job["waits_on"] = waits_on(job["state"], flow.get("wait_key"), flow.get("parents_left"))
             job["steps"] = [
                 {"name": name, "attempt": attempt, "finished_at": finished,
                  "result": json.loads(result) if result is not None else None}
@@ -292,6 +297,19 @@ class Data:
         return {"window": window, "since": since, "rows": rows, "totals": totals, "latency": latency,
                 "slices": len(starts), "unrolled_seconds": max(0.0, unrolled)}
 
+    # -- batches ------------------------------------------------------------
+
+    def batches(self, *, before_id: int | None = None, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
+        with self.connection() as conn:
+            return self.app.list_batches(conn, before_id=before_id, limit=limit)
+
+    def batch(self, batch_id: int, *, state: str | None = None, limit: int = 500) -> dict[str, Any] | None:
+        with self.connection() as conn:
+            found = self.app.batch_progress(batch_id, conn)
+            if found is not None:
+                found["jobs"] = self.app.batch_jobs(batch_id, conn, state=state, limit=limit)
+        return found
+
     # -- outbox -------------------------------------------------------------
 
     def outbox_topics(self, sent_window: float = 3600.0) -> list[dict[str, Any]]:
@@ -341,3 +359,10 @@ def percentile(hist: dict[int, int], q: float) -> float | None:
         if seen >= rank:
             return 2 ** ((bucket + 1) / 2) / 1000.0
     return 2 ** ((max(hist) + 1) / 2) / 1000.0
+
+
+def _with_waits(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each job with ``waits_on``: what a waiting job waits for, in words (else None)."""
+    for job in jobs:
+        job["waits_on"] = waits_on(job["state"], job["wait_key"], job["parents_left"])
+    return jobs

@@ -447,6 +447,24 @@ class Dashboard:
             pair = next((p for p in report["pairs"] if job_id in (p["original_id"], p["replay_id"])), None)
         return self.render(request, "compare.html", tags=tags, tag=tag, report=report, pair=pair)
 
+    async def batches(self, request: Request) -> Response:
+        before = _int_param(request, "before")
+        rows = await self.db(lambda: self.data.batches(before_id=before, limit=PAGE_SIZE + 1))
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        next_url = ("/batches?" + urlencode({"before": rows[-1]["id"]})) if more else None
+        return self.render(request, "batches.html", batches=rows, next_url=next_url)
+
+    async def batch(self, request: Request) -> Response:
+        batch_id = request.path_params["batch_id"]
+        state = request.query_params.get("state") or None
+        if state is not None and state not in JOB_STATES:
+            raise HTTPException(400, f"unknown state {state!r}: use one of {', '.join(JOB_STATES)}")
+        found = await self.db(lambda: self.data.batch(batch_id, state=state))
+        if found is None:
+            raise HTTPException(404, f"no batch {batch_id} in schema {self.app.schema}")
+        return self.render(request, "batch.html", batch=found, state_filter=state, states=JOB_STATES)
+
     async def outbox(self, request: Request) -> Response:
         before = _int_param(request, "before")
         topic = request.query_params.get("topic") or None
@@ -802,6 +820,8 @@ class Dashboard:
             Route("/replay/preview", self.replay_preview, methods=["POST"]),
             Route("/compare", self.compare, methods=["GET"]),
             Route("/compare/{tag:str}", self.compare, methods=["GET"]),
+            Route("/batches", self.batches, methods=["GET"]),
+            Route("/batches/{batch_id:int}", self.batch, methods=["GET"]),
             Route("/outbox", self.outbox, methods=["GET"]),
             Route("/outbox/retry", self.act_outbox, methods=["POST"]),
             Route("/outbox/discard", self.act_outbox_discard, methods=["POST"]),

@@ -11,6 +11,7 @@ retries a failed flush and drains on shutdown.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from typing import Any
@@ -38,19 +39,26 @@ class Completer:
         # two flushes in flight: while one batch is written, the next can be, on another connection
         self.batcher: Batcher[Outcome] = Batcher(self.write, max_size=flush_size, max_wait=flush_interval,
                                                  max_in_flight=2, name="completer")
+        # tries that ended in WaitFor: parked by their own statement (park_jobs), never by complete_jobs
+        self.waits: Batcher[Outcome] = Batcher(self.park, max_size=flush_size, max_wait=flush_interval,
+                                               name="completer-waits")
 
     def start(self, pool: Any) -> None:
         self._pool = pool
         self.batcher.start()
+        self.waits.start()
 
     async def put(self, outcome: Outcome) -> None:
         """Queue ``outcome`` for the next batch (waits while too many are queued)."""
+        if outcome.wait is not None:
+            await self.waits.put(outcome)
+            return
         await self.batcher.put(outcome)
 
     @property
     def pending(self) -> list[Outcome]:
         """Outcomes not yet written (queued or in a flush under way)."""
-        return self.batcher.pending
+        return self.batcher.pending + self.waits.pending
 
     @property
     def backlogged(self) -> bool:
@@ -59,7 +67,21 @@ class Completer:
 
     async def close(self, timeout: float | None = None) -> bool:
         """Write what is queued; True when everything was written within ``timeout``."""
-        return await self.batcher.close(timeout=timeout)
+        closed = await self.batcher.close(timeout=timeout)
+        return await self.waits.close(timeout=timeout) and closed
+
+    async def park(self, batch: list[Outcome]) -> list[int]:
+        """Park the jobs of ``batch`` (tries that raised WaitFor) in one statement; the ids that applied."""
+        document = json.dumps([{"id": o.job_id, "attempt": o.attempt, "key": o.wait, "timeout": o.timeout,
+                                "on_timeout": o.on_timeout, "started_at": o.started_at, "finished_at": o.finished_at,
+                                "meta": None if o.meta is None else json.loads(o.meta)} for o in batch])
+        async with self._pool.acquire() as conn:
+            applied = await store.records(conn, self.store.park_jobs(document, self.name))
+        for o in batch:
+            self.stats[o.outcome] += 1
+        if len(applied) < len(batch):
+            self.stats["stale"] += len(batch) - len(applied)
+        return [r[0] for r in applied]
 
     async def write(self, batch: list[Outcome]) -> list[int]:
         """Write ``batch`` (one statement per kind of write); returns the ids of the jobs whose outcome applied."""

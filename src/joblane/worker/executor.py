@@ -10,7 +10,7 @@ import traceback
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Hold, JoblaneError, PermanentError, RetryAfter
+from ..errors import Hold, JoblaneError, PermanentError, RetryAfter, WaitFor
 from ..rules import ERROR_LIMIT, bounded_delay, check_json_text, describe, lenient_json
 from ..types import Job, Outcome
 
@@ -77,6 +77,9 @@ async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outc
             meta_extra["hold_data"] = exc.data
         return Outcome.hold(job.id, job.attempt, error=describe(exc), data=lenient_json(exc.data),
                             started_at=started, finished_at=now(), meta=_meta(job, meta_extra))
+    except WaitFor as exc:
+        return Outcome.waiting(job.id, job.attempt, key=exc.key, timeout=exc.timeout, on_timeout=exc.on_timeout,
+                               started_at=started, finished_at=now(), meta=_meta(job))
     except PermanentError as exc:
         return Outcome.fail(job.id, job.attempt, error=describe(exc), started_at=started, finished_at=now(),
                             meta=_meta(job))

@@ -224,7 +224,11 @@ class Worker:
             max_attempts=row[5], priority=row[6], created_at=row[7], replay_of=row[8],
         )
         job._steps = Steps(self._pool, self.store, job.id, job.attempt, self._loop)
-        task = asyncio.create_task(self._run_job(job, row.get("headers")))  # trace context of the enqueue
+        headers = row.get("headers")  # trace context of the enqueue; and the signal that woke a waiting job
+        if headers is not None and '"joblane.signal"' in headers:
+            woke = json.loads(headers).get("joblane.signal") or {}
+            job.signal, job.signal_key = woke.get("data"), woke.get("key")
+        task = asyncio.create_task(self._run_job(job, headers))
         self._active[job.id] = (task, job)
 
     async def _run_job(self, job: Job, headers: str | None = None) -> None:

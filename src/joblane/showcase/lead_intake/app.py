@@ -1,11 +1,16 @@
-"""The lead-intake App: three tasks and one outbox route.
+"""The lead-intake App: three tasks, the nightly re-classification, and one outbox route.
 
-    joblane worker joblane.showcase.lead_intake.app:app    # enrich, classify, deliver
+    joblane worker joblane.showcase.lead_intake.app:app    # enrich, classify, deliver; reclassify, nightly_digest
     joblane relay joblane.showcase.lead_intake.app:app     # crm.* -> the CRM, with read-back
 
 Each step writes its result, enqueues the next step and marks its own job
 done in ONE transaction (``complete_job_async``): commit, and all three
 happened; crash before, and none did, so the step simply runs again.
+
+At night the decided leads are asked about again (``start_nightly``): one
+``reclassify`` job per lead in a batch, whose callback ``nightly_digest``
+summarises the answers and then waits, holding no worker, for a manager's
+sign-off (``joblane signal digest-approved:BATCH``) before it writes the digest.
 """
 
 from __future__ import annotations
@@ -101,6 +106,46 @@ async def _released(job: joblane.Job) -> bool:
     """Whether a person released this job from review (the audit trail says so)."""
     found = await asyncio.to_thread(app.get_job, job.id)
     return any(a["outcome"] == "released" for a in (found or {}).get("attempt_rows", []))
+
+
+@app.task("reclassify", queue="model", max_attempts=8, backoff=0.5)
+async def reclassify(job: joblane.Job) -> dict:
+    """Nightly: ask the model again about a decided lead; the answer is the job's result (the lead is not changed)."""
+    lead_id = job.payload["lead_id"]
+    pool = await db.pool(app.dsn)
+    async with pool.connection() as conn:
+        lead = await db.one(conn, "get", _schema(), lead_id)
+    answer = await _ask_model(job, lead)
+    was = (lead["classification"] or {}).get("label")
+    return {"lead_id": lead_id, "label": answer["label"], "was": was, "changed": answer["label"] != was}
+
+
+async def start_nightly(conn, lead_ids: list[int]) -> joblane.Batch:
+    """The nightly batch on ``conn`` (psycopg async or asyncpg), in the caller's transaction: sealed at once."""
+    batch = await app.batch_async(conn, name="nightly re-classification", on_complete=("nightly_digest", {}))
+    await batch.enqueue_many_async(conn, [("reclassify", {"lead_id": i}) for i in lead_ids])
+    await batch.seal_async(conn)
+    return batch
+
+
+@app.task("nightly_digest", queue="leads", max_attempts=5)
+async def nightly_digest(job: joblane.Job) -> None:
+    """The batch's callback: summarise its answers once, wait for a manager's sign-off, write the digest."""
+    batch = job.payload["batch"]
+    summary = await job.step("summarise", _summarise, batch)
+    approval = await job.wait_for(f"digest-approved:{batch['id']}", timeout=7 * 86400, on_timeout="fail")
+    pool = await db.pool(app.dsn)
+    async with pool.connection() as conn, conn.transaction():
+        await db.one(conn, "digest", _schema(), batch["id"], db.as_json(summary), approval.get("by", "?"))
+        await app.complete_job_async(conn, job, {**summary, "approved_by": approval.get("by", "?")})
+
+
+async def _summarise(batch: dict) -> dict:
+    pool = await db.pool(app.dsn)
+    async with pool.connection() as conn:
+        answers = [r["result"] for r in await db.rows(conn, "batch_results", _schema(), batch["id"])]
+    return {"leads": batch["total"], "answered": batch["done"], "failed": batch["failed"],
+            "failed_jobs": batch["failed_ids"], "changed": sorted(a["lead_id"] for a in answers if a["changed"])}
 
 
 @app.task("deliver", queue="leads", max_attempts=5)

@@ -34,6 +34,15 @@ CREATE TABLE IF NOT EXISTS {schema}.leads (
 )
 """
 
+DIGESTS_DDL = """
+CREATE TABLE IF NOT EXISTS {schema}.digests (
+    batch_id     bigint PRIMARY KEY,   -- the nightly re-classification batch it summarises
+    summary      jsonb NOT NULL,
+    approved_by  text NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now()
+)
+"""
+
 _STATEMENTS = {
     "insert": "INSERT INTO {schema}.leads (name, email, company, message) VALUES (%s, %s, %s, %s) RETURNING id",
     "get": "SELECT * FROM {schema}.leads WHERE id = %s",
@@ -56,6 +65,12 @@ _STATEMENTS = {
                 " WHERE l.id = %s",
     # the leads the demo's closing tour scores
     "enriched_ids": "SELECT id FROM {schema}.leads WHERE enrichment IS NOT NULL ORDER BY id LIMIT %s",
+    "decided_ids": "SELECT id FROM {schema}.leads WHERE status IN ('qualified', 'not_qualified') ORDER BY id",
+    # the answers of a finished nightly batch (joblane's jobs table: each reclassify job's result)
+    "batch_results": "SELECT result FROM {schema}.jobs WHERE batch_id = %s AND state = 'done'",
+    "digest": "INSERT INTO {schema}.digests (batch_id, summary, approved_by) VALUES (%s, %s, %s)"
+              " ON CONFLICT (batch_id) DO NOTHING",
+    "get_digest": "SELECT * FROM {schema}.digests WHERE batch_id = %s",
     "outcomes": "SELECT l.id, l.email, l.status, l.classification, j.kind AS job_kind, j.state AS job_state,"
                 "       j.last_error AS job_error"
                 "  FROM {schema}.leads AS l LEFT JOIN {schema}.jobs AS j ON j.id = l.last_job_id ORDER BY l.id",
@@ -68,8 +83,9 @@ def statement(name: str, schema: str) -> sql.Composed:
 
 
 def create_table(conn: Any, schema: str) -> None:
-    """Create ``leads`` in ``schema`` (a sync psycopg connection; safe to run twice)."""
+    """Create ``leads`` and ``digests`` in ``schema`` (a sync psycopg connection; safe to run twice)."""
     conn.execute(sql.SQL(SCHEMA_DDL).format(schema=sql.Identifier(schema)))
+    conn.execute(sql.SQL(DIGESTS_DDL).format(schema=sql.Identifier(schema)))
 
 
 async def one(conn: AsyncConnection, name: str, schema: str, *args: Any) -> dict | None:
