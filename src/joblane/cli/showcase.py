@@ -77,8 +77,6 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
     """
     workloads = workloads or ("a", "b", "c", "d")
     if "e" in workloads:
-        with needs_extra("joblane bench -w e", "web"):
-            import uvicorn  # noqa: F401 - serves the HTTP receiver
         with needs_extra("joblane bench -w e", "brokers"):
             import httpx  # noqa: F401
             import nats  # noqa: F401
@@ -93,6 +91,7 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
 
     steps = showcase_bench.plan(workloads, profile, scale, jobs)
     results = []
+    cost = run_or_fail(lambda: showcase_bench.commit_cost(dsn))  # the machine's, printed beside the results
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=as_json) as progress:
         task = progress.add_task("benchmarks", total=len(steps))
@@ -107,7 +106,7 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
             progress.advance(task)
     if as_json:
         for r in results:
-            emit_json(r.as_dict())
+            emit_json({**r.as_dict(), "machine": cost})
         return
     table = Table(title="joblane bench")
     for col in ("workload", "settings", "result"):
@@ -117,8 +116,11 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
             shown = f"p50 {r.extra['p50_ms']:.2f} ms, p99 {r.extra['p99_ms']:.2f} ms"
         else:
             shown = f"{r.value:,.0f} {r.unit}"
+        if "bare_rate" in r.extra:
+            shown += f" ({r.extra['ratio']:.2f}x the bare nats-py client's {r.extra['bare_rate']:,.0f}/s)"
         table.add_row(r.workload, r.settings, shown)
     print_table(table)
+    console.print(f"this machine: {showcase_bench.describe_commit_cost(cost)}", highlight=False, soft_wrap=True)
 
 
 COMMANDS = (demo, bench)
