@@ -50,12 +50,12 @@ FAIL_RATE = 0.02
 
 # -- the task, alike for both systems -------------------------------------------
 
-async def task_body(enqueued_at: float, records: list) -> None:
+async def task_body(payload: dict, records: list) -> None:
     """Sleep 5-50 ms, note the end; raise 2 % of the time."""
     await asyncio.sleep(random.uniform(0.005, 0.050))
     ok = random.random() >= FAIL_RATE
     now = time.time()
-    records.append((now, now - enqueued_at, ok))
+    records.append((now, now - payload["t"], ok, payload["j"]))
     if not ok:
         raise RuntimeError("workload h: one of the 2 % that fail")
 
@@ -78,7 +78,7 @@ def joblane_worker(dsn: str, schema: str, concurrency: int, log: str) -> None:
 
     @app.task(KIND, max_attempts=1)
     async def h(job) -> None:
-        await task_body(job.payload["t"], records)
+        await task_body(job.payload, records)
 
     async def run() -> None:
         worker = Worker(app, concurrency=concurrency)
@@ -108,7 +108,7 @@ def pgqueuer_worker(dsn: str, concurrency: int, log: str) -> None:
 
         @qm.entrypoint(KIND)
         async def h(job) -> None:
-            await task_body(json.loads(job.payload)["t"], records)
+            await task_body(json.loads(job.payload), records)
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, qm.shutdown.set)
         runner = asyncio.create_task(qm.run(batch_size=10, max_concurrent_tasks=concurrency))
@@ -140,19 +140,19 @@ def writers(system: str, dsn: str, schema: str | None, count: int, seconds: floa
 
                 app = joblane.App(dsn, schema=schema)
 
-                async def enqueue(t: float) -> None:
-                    await app.enqueue_async(conn, KIND, {"t": t})
+                async def enqueue(job: dict) -> None:
+                    await app.enqueue_async(conn, KIND, job)
             else:
                 from pgqueuer.adapters.drivers.asyncpg import AsyncpgDriver
                 from pgqueuer.adapters.persistence.queries import Queries
 
                 queries = Queries(AsyncpgDriver(conn))
 
-                async def enqueue(t: float) -> None:
-                    await queries.enqueue(KIND, json.dumps({"t": t}).encode())
+                async def enqueue(job: dict) -> None:
+                    await queries.enqueue(KIND, json.dumps(job).encode())
             barrier.wait()
             while not stop.is_set():
-                await enqueue(time.time())
+                await enqueue({"t": time.time(), "j": f"{index}:{done[index]}"})
                 done[index] += 1
         finally:
             await conn.close()
@@ -240,7 +240,10 @@ def run_system(system: str, dsn: str, schema: str | None, args: argparse.Namespa
     warm = min(5.0, args.seconds / 10)
     window = [r for r in records if started + warm <= r[0] <= ended]
     latencies = sorted(r[1] * 1000 for r in window)
-    finished_in_run = sum(1 for r in records if r[0] <= ended)
+    finished_in_run = len({r[3] for r in records if r[0] <= ended})
+    runs: dict[str, int] = {}
+    for r in records:
+        runs[r[3]] = runs.get(r[3], 0) + 1
 
     def pct(q: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(len(latencies) * q))], 2) if latencies else float("nan")
@@ -253,6 +256,7 @@ def run_system(system: str, dsn: str, schema: str | None, args: argparse.Namespa
         "p50_ms": pct(0.50), "p99_ms": pct(0.99),
         "failed_share": round(sum(1 for r in window if not r[2]) / max(1, len(window)), 4),
         "unfinished_at_end": enqueued - finished_in_run,
+        "ran_more_than_once": sum(1 for n in runs.values() if n > 1),
     }
 
 

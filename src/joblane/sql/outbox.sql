@@ -136,7 +136,7 @@ UPDATE {schema}.outbox AS o
        lease_until = NULL,
        relay = NULL
   FROM result AS r
- WHERE o.id = r.id AND o.state = 'pending' AND o.relay = $6 AND o.attempts = r.attempt
+ WHERE o.id = r.id AND o.id = ANY($1::bigint[]) AND o.state = 'pending' AND o.relay = $6 AND o.attempts = r.attempt
 RETURNING o.id;
 
 -- name: extend_outbox_leases
