@@ -140,8 +140,8 @@ def writers(system: str, dsn: str, schema: str | None, count: int, seconds: floa
 
                 app = joblane.App(dsn, schema=schema)
 
-                async def enqueue(job: dict) -> None:
-                    await app.enqueue_async(conn, KIND, job)
+                async def enqueue(job: dict) -> None:  # a failure is final, as PgQueuer's is
+                    await app.enqueue_async(conn, KIND, job, max_attempts=1)
             else:
                 from pgqueuer.adapters.drivers.asyncpg import AsyncpgDriver
                 from pgqueuer.adapters.persistence.queries import Queries
