@@ -104,8 +104,9 @@ def test_batch_answers_are_read_per_element_and_a_wrong_count_retries_all():
         return httpx.Response(status, content=body, request=httpx.Request("POST", "http://x/"))
 
     got = classify_batch(answer(200, b'[200, {"status": 429}, {"status": "x"}, true, {"error": "no"}]'), 5)
-    assert [d.ok for d in got] == [True, False, False, False, True]
+    assert [d.ok for d in got] == [True, False, False, False, False]
     assert not got[1].permanent and "unreadable status" in got[2].error and "unreadable result" in got[3].error
+    assert "unreadable status" in got[4].error, "an element without a status is not taken for a delivery"
     assert all(d.ok for d in classify_batch(answer(202, b"accepted"), 3))
     wrong = classify_batch(answer(200, b"[200]"), 2)
     assert [d.ok for d in wrong] == [False, False] and "1 results for 2 messages" in wrong[0].error

@@ -96,7 +96,7 @@ def classify_batch(response: httpx.Response, count: int) -> list[Delivery]:
         if isinstance(item, int):
             results.append(_judge_status(item, None, None))
             continue
-        status, error, after = item.get("status", 200), item.get("error"), item.get("retry_after")
+        status, error, after = item.get("status"), item.get("error"), item.get("retry_after")
         if isinstance(status, bool) or not isinstance(status, int):
             results.append(Delivery.retry(f"unreadable status in the batch answer: {str(status)[:100]}"))
             continue
