@@ -70,6 +70,16 @@ def h_section(results: dict) -> list[str]:
     for r in rows:
         cost = f"; {commit_text(r['commit'])}" if r.get("commit") else ""
         lines.append(f"- {SYSTEM_NAMES.get(r['system'], r['system'])}: {r['when']}, `{r['command']}`{cost}")
+        if len(r.get("reps", [])) > 1:
+            lines.append("  (the median of " + ", ".join(
+                f"{x['finished_per_s']:,.0f} jobs/s, p99 {x['p99_ms']:.0f} ms"
+                + (f" at a {x['commit']['commit_ms']:.2f} ms commit" if x.get("commit") else "")
+                for x in r["reps"]) + ")")
+    if len(rows) == 2:
+        j, p = rows
+        lines += ["", f"joblane / {SYSTEM_NAMES.get(p['system'], p['system'])}: finished "
+                      f"{j['finished_per_s'] / p['finished_per_s']:.2f}x, p99 latency "
+                      f"{p['p99_ms'] / j['p99_ms']:.2f}x (the peer's over joblane's; higher is better for joblane)"]
     lines.append("")
     return lines
 
@@ -188,7 +198,7 @@ def main() -> None:
                   "partial index past nothing); g: 8 threads enqueueing one job per transaction, with and without",
                   "the wake-up notification.", "",
                   "`python -m joblane bench -w f -w g --json > benchmarks/extra.jsonl` and "
-                  "`python -m joblane bench -w e --jobs 5000 --json >> benchmarks/extra.jsonl`", "",
+                  "`python -m joblane bench -w e --jobs 10000 --json >> benchmarks/extra.jsonl`", "",
                   "| workload | settings | result |", "|---|---|---|"]
         for r in extra:
             shown = f"{r['value']:,.0f} {r['unit']}"

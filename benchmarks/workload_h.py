@@ -3,6 +3,7 @@
 
     python benchmarks/workload_h.py                          # both systems, 120 s each
     python benchmarks/workload_h.py --seconds 60 --systems joblane
+    python benchmarks/workload_h.py --seconds 30 --reps 2   # taking turns, the median run of each
 
 For each system, on a fresh schema (joblane) or database (PgQueuer):
 - 2 worker processes, each running up to ``--concurrency`` (50) tasks at once;
@@ -270,6 +271,7 @@ def main() -> int:
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=50, help="tasks each worker runs at once")
+    parser.add_argument("--reps", type=int, default=1, help="runs of each system, taking turns (the median is kept)")
     parser.add_argument("--out", default=str(HERE / "h.json"))
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one system, in its own virtualenv
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -288,15 +290,18 @@ def main() -> int:
 
     out = Path(args.out)
     report = json.loads(out.read_text()) if out.exists() else {"results": {}}
-    for system in args.systems.split(","):
+    systems = args.systems.split(",")
+    for system in systems:
         if system not in PYTHONS:
             parser.error(f"unknown system {system!r}")
         if not PYTHONS[system].exists():
             subprocess.run(["bash", str(HERE / "peers" / "setup.sh")], check=True)
+    runs: dict[str, list[dict]] = {}
+    for rep, system in [(rep, system) for rep in range(args.reps) for system in systems]:  # taking turns
         cost = commit_cost(args.dsn)
         cmd = [str(PYTHONS[system]), __file__, "--run", system, "--dsn", args.dsn, "--seconds", str(args.seconds),
                "--writers", str(args.writers), "--workers", str(args.workers), "--concurrency", str(args.concurrency)]
-        print(f"{system}: {args.seconds:g} s ...", file=sys.stderr, flush=True)
+        print(f"rep {rep + 1}: {system}, {args.seconds:g} s ...", file=sys.stderr, flush=True)
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.seconds + 300)
         if done.returncode != 0:
             print(f"{system} failed: {done.stderr.strip()[-2000:]}", file=sys.stderr)
@@ -306,8 +311,14 @@ def main() -> int:
                       command=" ".join(["python", "benchmarks/workload_h.py", *sys.argv[1:]]),
                       machine={"cpus": os.cpu_count(), "platform": platform.platform(),
                                "python": platform.python_version()})
-        report["results"][system] = result
+        runs.setdefault(system, []).append(result)
         print(json.dumps(result))
+    for system, got in runs.items():
+        # the median run of each system by its finished rate, with every run's numbers beside it
+        median = sorted(got, key=lambda r: r["finished_per_s"])[(len(got) - 1) // 2]
+        median["reps"] = [{k: r[k] for k in ("finished_per_s", "p50_ms", "p99_ms", "enqueued_per_s", "commit")}
+                          for r in got]
+        report["results"][system] = median
     out.write_text(json.dumps(report, indent=2) + "\n")
     for r in report["results"].values():
         print(f"{r['system']:<9} enqueued {r['enqueued_per_s']:>8,.0f}/s  finished {r['finished_per_s']:>8,.0f}/s  "

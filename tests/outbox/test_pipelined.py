@@ -168,3 +168,26 @@ async def test_one_entry_redis_refuses_in_a_pipeline_is_the_only_one_retried(app
     finally:
         await client.delete(good, bad)
         await client.aclose()
+
+
+def test_recording_a_batch_unnests_its_outcomes_once_and_reads_only_its_own_rows(app, conn):
+    """finish_outbox: a plan that unnested the outcome arrays again for every row leased to the relay (a nested
+    loop over a misjudged scan) cost up to a second per batch with batches in flight side by side."""
+    from joblane.queries import quote_ident
+
+    from ..helpers import run_sql
+
+    outbox = quote_ident(app.schema) + ".outbox"
+    conn.execute(f"INSERT INTO {outbox} (topic, payload, idempotency_key, state, sent_at)"
+                 " SELECT 't.x', '{}', 'k' || i, CASE WHEN i % 2 = 0 THEN 'sent' ELSE 'pending' END,"
+                 " CASE WHEN i % 2 = 0 THEN now() END FROM generate_series(1, 20000) AS i")
+    ids = [r[0] for r in conn.execute(
+        f"UPDATE {outbox} SET relay = 'r', lease_until = now() + interval '30 seconds', attempts = 1"
+        f" WHERE id IN (SELECT id FROM {outbox} WHERE state = 'pending' ORDER BY id LIMIT 500) RETURNING id")]
+    conn.execute(f"ANALYZE {outbox}")
+    n = len(ids)
+    plan = run_sql(conn, "EXPLAIN " + app.queries.finish_outbox,
+                   [ids, ["sent"] * n, [1] * n, [0.0] * n, [None] * n, "r"])
+    text = "\n".join(r[0] for r in plan)
+    assert text.count("Function Scan") == 1 and "CTE result" in text, text  # the arrays are unnested once
+    assert "id = ANY" in text, text  # the outbox side yields the batch's rows only, whatever the join
