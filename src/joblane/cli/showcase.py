@@ -72,8 +72,11 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
 
     a: enqueue one job per transaction; b: enqueue_many, 1,000 per call;
     c: process pre-filled no-op jobs with one worker; d: enqueue-to-start
-    latency; e: the outbox relay to HTTP and NATS; f: c with many jobs waiting;
-    g: 8 concurrent enqueuers.
+    latency; e: the outbox relay to HTTP (one request per message, and batch
+    POSTs) and to NATS, beside the bare nats-py client's rate in the same run;
+    f: c with many jobs waiting; g: 8 concurrent enqueuers. The cost of a
+    commit on this database is printed beside the results (with --json, in
+    each result's "machine").
     """
     workloads = workloads or ("a", "b", "c", "d")
     if "e" in workloads:
