@@ -32,7 +32,9 @@ SYSTEM_NAMES = {"joblane": "joblane", "pgqueuer": "PgQueuer", "procrastinate": "
 def commit_lines(machine: dict) -> list[str]:
     """What a commit cost on the machine, before and after the runs (run.py measures it)."""
     got = [(label, machine.get(key)) for label, key in (("before", "commit_before"), ("after", "commit_after"))]
-    shown = [f"{c['commit_ms']:.2f} ms {label} (round trip {c['round_trip_ms']:.2f} ms)" for label, c in got if c]
+    shown = [f"{c['commit_ms']:.2f} ms {label} ("
+             + (f"{c['commits_per_s']:,} commits/s, " if c.get("commits_per_s") else "")
+             + f"round trip {c['round_trip_ms']:.2f} ms)" for label, c in got if c]
     if not shown:
         return []
     return [f"- a commit (a one-row INSERT in autocommit, its WAL flushed) cost {' and '.join(shown)} the runs"]
