@@ -191,3 +191,33 @@ def test_recording_a_batch_unnests_its_outcomes_once_and_reads_only_its_own_rows
     text = "\n".join(r[0] for r in plan)
     assert text.count("Function Scan") == 1 and "CTE result" in text, text  # the arrays are unnested once
     assert "id = ANY" in text, text  # the outbox side yields the batch's rows only, whatever the join
+
+
+async def test_one_message_rabbitmq_returns_in_a_batch_of_confirms_is_the_only_one_retried(
+        app, conn, joblane_dsn, rabbitmq_url):
+    import aio_pika
+
+    from joblane.outbox.sinks import RabbitMQSink
+
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(f"jltest.{uuid.uuid4().hex[:10]}", exclusive=True)
+        nowhere = f"jltest.nowhere.{uuid.uuid4().hex[:10]}"  # no queue: the broker returns it (mandatory)
+        app.route("", RabbitMQSink(rabbitmq_url, routing_key=lambda m: nowhere if m.key == "bad" else queue.name))
+        ids = publish(app, joblane_dsn, "crm.lead", [{"i": i} for i in range(4)])
+        [wrong] = publish(app, joblane_dsn, "crm.lead", [{"i": 4}], key="bad")
+        ids += publish(app, joblane_dsn, "crm.lead", [{"i": i} for i in range(5, 8)])
+        async with relay(app) as r:
+            result = await r.run_once()
+        assert (result.sent, result.retried) == (7, 1)
+        rows = states(conn, app)
+        assert rows[wrong][:2] == ("pending", 1) and "NO_ROUTE" in rows[wrong][2]
+        got = []
+        for _ in range(7):
+            message = await queue.get(timeout=5)
+            await message.ack()
+            got.append(message.message_id)
+        assert sorted(got) == sorted(f"outbox:{i}" for i in ids)
+    finally:
+        await connection.close()
