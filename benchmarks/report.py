@@ -32,14 +32,66 @@ SYSTEM_NAMES = {"joblane": "joblane", "pgqueuer": "PgQueuer", "procrastinate": "
 def commit_lines(machine: dict) -> list[str]:
     """What a commit cost on the machine, before and after the runs (run.py measures it)."""
     got = [(label, machine.get(key)) for label, key in (("before", "commit_before"), ("after", "commit_after"))]
-    shown = [f"{c['commit_ms']:.2f} ms {label} (round trip {c['round_trip_ms']:.2f} ms)" for label, c in got if c]
+    shown = [f"{c['commit_ms']:.2f} ms {label} ("
+             + (f"{c['commits_per_s']:,} commits/s, " if c.get("commits_per_s") else "")
+             + f"round trip {c['round_trip_ms']:.2f} ms)" for label, c in got if c]
     if not shown:
         return []
     return [f"- a commit (a one-row INSERT in autocommit, its WAL flushed) cost {' and '.join(shown)} the runs"]
 
 
+def commit_text(cost: dict) -> str:
+    per_s = f", {cost['commits_per_s']:,} commits/s" if cost.get("commits_per_s") else ""
+    return f"a commit cost {cost['commit_ms']:.2f} ms{per_s} (round trip {cost['round_trip_ms']:.2f} ms)"
+
+
+def h_section(results: dict) -> list[str]:
+    """Workload h (benchmarks/workload_h.py): writers and workers at once, joblane beside PgQueuer."""
+    rows = sorted(results.values(), key=lambda r: r["system"] != "joblane")
+    if not rows:
+        return []
+    first = rows[0]
+    lines = [
+        "## h: 8 writers and 2 workers at once, tasks of 5-50 ms failing 2 % of the time",
+        "",
+        f"{first['writers']} writer threads (an asyncpg connection each) enqueue one job per transaction as fast as "
+        f"they can for {first['seconds']:g} s while {first['workers']} worker processes run up to "
+        f"{first['concurrency']} tasks each; a task sleeps 5-50 ms and fails 2 % of the time (final, no retry). "
+        "Finished: jobs whose task ended within the run, after a warm-up of a tenth of it (at most 5 s); "
+        "latency: from just before the enqueue call to the end of the task.",
+        "",
+        "| system | enqueued | finished (sustained) | enqueue-to-finish p50 | p99 | unfinished when the writers "
+        "stopped |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {SYSTEM_NAMES.get(r['system'], r['system'])} | {r['enqueued_per_s']:,.0f} jobs/s | "
+                     f"{r['finished_per_s']:,.0f} jobs/s | {r['p50_ms']:.1f} ms | {r['p99_ms']:.1f} ms | "
+                     f"{r['unfinished_at_end']:,} |")
+    lines.append("")
+    for r in rows:
+        cost = f"; {commit_text(r['commit'])}" if r.get("commit") else ""
+        lines.append(f"- {SYSTEM_NAMES.get(r['system'], r['system'])}: {r['when']}, `{r['command']}`{cost}")
+        if len(r.get("reps", [])) > 1:
+            lines.append("  (the median of " + ", ".join(
+                f"{x['finished_per_s']:,.0f} jobs/s, p99 {x['p99_ms']:.0f} ms"
+                + (f" at a {x['commit']['commit_ms']:.2f} ms commit" if x.get("commit") else "")
+                for x in r["reps"]) + ")")
+    if len(rows) == 2:
+        j, p = rows
+        lines += ["", f"joblane / {SYSTEM_NAMES.get(p['system'], p['system'])}: finished "
+                      f"{j['finished_per_s'] / p['finished_per_s']:.2f}x, p99 latency "
+                      f"{p['p99_ms'] / j['p99_ms']:.2f}x (the peer's over joblane's; higher is better for joblane)"]
+    lines.append("")
+    return lines
+
+
 def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the `bench` extra: without it the page is written and the plot left as it was
+        print(f"matplotlib is not installed: {path} left as it was")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -69,6 +121,7 @@ def main() -> None:
                              "default every benchmarks/results*.json, oldest run first)")
     parser.add_argument("--extra", default=str(HERE / "extra.jsonl"),
                         help="joblane bench --json lines of workloads e, f, g (joblane alone)")
+    parser.add_argument("--h", default=str(HERE / "h.json"), help="workload_h.py's results (joblane and PgQueuer)")
     args = parser.parse_args()
     paths = args.results or [str(p) for p in sorted(HERE.glob("results*.json"))]
     runs = sorted((json.loads(Path(p).read_text()) for p in paths), key=lambda run: run["when"])
@@ -133,18 +186,30 @@ def main() -> None:
             lines += [f"- {x['profile'] + ': ' if x['profile'] != '-' else ''}{x['ratio']:.2f}x {x['peer']}"
                       for x in got]
         lines.append("")
+    h_path = Path(args.h)
+    if h_path.exists():
+        lines += h_section(json.loads(h_path.read_text())["results"])
     extra_path = Path(args.extra)
     if extra_path.exists():
         extra = [json.loads(line) for line in extra_path.read_text().splitlines() if line.strip()]
         lines += ["## Extra workloads (joblane alone)", "",
-                  "e: outbox rows delivered by one relay; f: workload c with jobs waiting in the same queue",
-                  "(scheduled later, so the claim walks the partial index past nothing); g: 8 threads enqueueing",
-                  "one job per transaction, with and without the wake-up notification.", "",
+                  "e: outbox rows delivered by one relay (to a local HTTP receiver that answers at once, one",
+                  "request per message and, opted in, 100 messages per request; to NATS JetStream beside the bare",
+                  "nats-py client publishing as many messages of the same size, pipelined, in the same run);",
+                  "f: workload c with jobs waiting in the same queue (scheduled later, so the claim walks the",
+                  "partial index past nothing); g: 8 threads enqueueing one job per transaction, with and without",
+                  "the wake-up notification.", "",
                   "`python -m joblane bench -w f -w g --json > benchmarks/extra.jsonl` and "
-                  "`python -m joblane bench -w e --jobs 5000 --json >> benchmarks/extra.jsonl`", "",
+                  "`python -m joblane bench -w e --jobs 10000 --json >> benchmarks/extra.jsonl`", "",
                   "| workload | settings | result |", "|---|---|---|"]
         for r in extra:
-            lines.append(f"| {r['workload']} | {r['settings']} | {r['value']:,.0f} {r['unit']} |")
+            shown = f"{r['value']:,.0f} {r['unit']}"
+            if "bare_rate" in r:
+                shown += f" ({r['ratio']:.2f}x the bare client's {r['bare_rate']:,.0f}/s)"
+            lines.append(f"| {r['workload']} | {r['settings']} | {shown} |")
+        costs = {json.dumps(r["machine"], sort_keys=True): r["machine"] for r in extra if r.get("machine")}
+        lines += ["", *[f"- {commit_text(c)} (measured by `joblane bench` at the start of a run)"
+                        for c in costs.values()]]
         lines.append("")
     plot(results, DOCS / "benchmarks.png")
     lines += ["![jobs/s per system](benchmarks.png)", ""]

@@ -41,29 +41,6 @@ JOBLANE_PY = ROOT / ".venv" / "bin" / "python"
 SIZES = {"a": 5000, "b": 50_000, "c": 20_000, "d": 500}
 SYSTEMS = "joblane,pgqueuer,procrastinate,pgmq"
 
-# One commit, measured on a scratch table with the joblane virtualenv's psycopg.
-COMMIT_COST = r"""
-import json, os, sys, time, psycopg
-table = f"bench_commit_cost_{os.getpid()}"  # a logged table: a temporary one writes no WAL, flushes nothing
-with psycopg.connect(sys.argv[1], autocommit=True) as c:
-    c.execute(f"CREATE TABLE {table} (x int)")
-    try:
-        for _ in range(20):
-            c.execute(f"INSERT INTO {table} VALUES (1)")
-        n, t0 = 300, time.perf_counter()
-        for _ in range(n):
-            c.execute(f"INSERT INTO {table} VALUES (1)")
-        commit = (time.perf_counter() - t0) / n
-        t0 = time.perf_counter()
-        for _ in range(n):
-            c.execute("SELECT 1")
-        trip = (time.perf_counter() - t0) / n
-    finally:
-        c.execute(f"DROP TABLE {table}")
-print(json.dumps({"commit_ms": round(commit * 1000, 3), "round_trip_ms": round(trip * 1000, 3)}))
-"""
-
-
 # joblane's variants of b, each measured in a process of its own (joblane.showcase.bench.main)
 B_VARIANTS = ["-", "typed", "notify off"]
 
@@ -123,10 +100,18 @@ def variant(result: dict, profile: str | None) -> str:
 def commit_cost(dsn: str) -> dict | None:
     """What one commit and one round trip cost on this machine (ms), or None when it cannot be measured."""
     try:
-        done = subprocess.run([str(JOBLANE_PY), "-c", COMMIT_COST, dsn], capture_output=True, text=True, timeout=120)
+        # joblane.showcase.bench.commit_cost, as `joblane bench` measures it
+        done = subprocess.run([str(JOBLANE_PY), "-m", "joblane.showcase.bench", "commit-cost", dsn],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
         return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
+
+
+def describe_cost(cost: dict) -> str:
+    return (f"commit {cost['commit_ms']:.2f} ms ({cost.get('commits_per_s', 0):,} commits/s, one-row INSERT in "
+            f"autocommit, synchronous_commit {cost.get('synchronous_commit', '?')}), round trip "
+            f"{cost['round_trip_ms']:.2f} ms")
 
 
 def main() -> int:
@@ -148,8 +133,7 @@ def main() -> int:
     samples: dict[tuple[str, str, str], list[dict]] = {}
     costs = [commit_cost(args.dsn)]
     if costs[0]:
-        print(f"commit {costs[0]['commit_ms']:.2f} ms (one-row INSERT, autocommit), round trip "
-              f"{costs[0]['round_trip_ms']:.2f} ms", file=sys.stderr)
+        print(f"before: {describe_cost(costs[0])}", file=sys.stderr)
     total = len(plan) * args.reps
     n = 0
     for rep in range(args.reps):
@@ -161,8 +145,7 @@ def main() -> int:
                 samples.setdefault((system, workload, variant(result, profile)), []).append(result)
     costs.append(commit_cost(args.dsn))
     if costs[1]:
-        print(f"commit {costs[1]['commit_ms']:.2f} ms, round trip {costs[1]['round_trip_ms']:.2f} ms (after)",
-              file=sys.stderr)
+        print(f"after: {describe_cost(costs[1])}", file=sys.stderr)
 
     rows = []
     for (system, workload, profile), got in sorted(samples.items()):
@@ -196,6 +179,8 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     for r in ratios:
         print(f"{r['workload']} {r['profile']:<18} joblane / {r['peer']:<13} {r['ratio']:>6.2f}x")
+    for when, cost in zip(("before", "after"), costs):
+        print(f"this machine {when} the runs: {describe_cost(cost) if cost else 'commit cost not measured'}")
     return 0
 
 

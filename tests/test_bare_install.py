@@ -99,7 +99,7 @@ def test_the_command_line_works_without_extras(bare, joblane_dsn):
     (("demo",), ("joblane demo", "demo")),
     (("worker", "myproject.tasks:app", "--metrics-port", "0"), ("joblane worker --metrics-port", "telemetry")),
     (("relay", "myproject.events:app", "--metrics-port", "0"), ("joblane relay --metrics-port", "telemetry")),
-    (("bench", "-w", "e"), ("joblane bench -w e", "web")),
+    (("bench", "-w", "e"), ("joblane bench -w e", "brokers")),
 ])
 def test_a_command_that_needs_an_extra_says_which_in_one_line(bare, joblane_dsn, args, extra):
     done = _run(bare, "joblane", *args, dsn=joblane_dsn)

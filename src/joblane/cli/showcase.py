@@ -77,13 +77,14 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
 
     a: enqueue one job per transaction; b: enqueue_many, 1,000 per call;
     c: process pre-filled no-op jobs with one worker; d: enqueue-to-start
-    latency; e: the outbox relay to HTTP and NATS; f: c with many jobs waiting;
-    g: 8 concurrent enqueuers.
+    latency; e: the outbox relay to HTTP (one request per message, and batch
+    POSTs) and to NATS, beside the bare nats-py client's rate in the same run;
+    f: c with many jobs waiting; g: 8 concurrent enqueuers. The cost of a
+    commit on this database is printed beside the results (with --json, in
+    each result's "machine").
     """
     workloads = workloads or ("a", "b", "c", "d")
     if "e" in workloads:
-        with needs_extra("joblane bench -w e", "web"):
-            import uvicorn  # noqa: F401 - serves the HTTP receiver
         with needs_extra("joblane bench -w e", "brokers"):
             import httpx  # noqa: F401
             import nats  # noqa: F401
@@ -98,6 +99,7 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
 
     steps = showcase_bench.plan(workloads, profile, scale, jobs)
     results = []
+    cost = run_or_fail(lambda: showcase_bench.commit_cost(dsn))  # the machine's, printed beside the results
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=as_json) as progress:
         task = progress.add_task("benchmarks", total=len(steps))
@@ -112,7 +114,7 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
             progress.advance(task)
     if as_json:
         for r in results:
-            emit_json(r.as_dict())
+            emit_json({**r.as_dict(), "machine": cost})
         return
     table = Table(title="joblane bench")
     for col in ("workload", "settings", "result"):
@@ -122,8 +124,11 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
             shown = f"p50 {r.extra['p50_ms']:.2f} ms, p99 {r.extra['p99_ms']:.2f} ms"
         else:
             shown = f"{r.value:,.0f} {r.unit}"
+        if "bare_rate" in r.extra:
+            shown += f" ({r.extra['ratio']:.2f}x the bare nats-py client's {r.extra['bare_rate']:,.0f}/s)"
         table.add_row(r.workload, r.settings, shown)
     print_table(table)
+    console.print(f"this machine: {showcase_bench.describe_commit_cost(cost)}", highlight=False, soft_wrap=True)
 
 
 COMMANDS = (demo, bench)

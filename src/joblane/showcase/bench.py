@@ -9,10 +9,13 @@ Workloads (a-d as in the peers' figures):
      until a separate connection sees no unfinished job
   d  latency: an idle worker; jobs enqueued one at a time 10 ms apart;
      enqueue-to-handler-start p50/p99
-  e  the outbox relay to a local HTTP receiver and to NATS JetStream
+  e  the outbox relay to a local HTTP receiver (one request per message, and
+     batch POSTs) and to NATS JetStream, beside the bare nats-py client's
+     pipelined publish rate measured in the same run
   f  c with many jobs waiting (not yet due) in the same table
   g  8 concurrent enqueuers, with and without NOTIFY
-Each run uses a fresh schema, dropped afterwards.
+Each run uses a fresh schema, dropped afterwards. ``commit_cost`` measures
+what a durable commit costs on the machine, printed beside the results.
 """
 
 from __future__ import annotations
@@ -45,6 +48,41 @@ class Result:
     def as_dict(self) -> dict[str, Any]:
         return {"system": "joblane", "workload": self.workload, "settings": self.settings,
                 "value": round(self.value, 2), "unit": self.unit, **self.extra}
+
+
+def commit_cost(dsn: str, commits: int = 300) -> dict[str, Any]:
+    """What one durable commit costs here: ``commits`` one-row INSERTs in autocommit, and as many bare round trips.
+
+    The scratch table is a logged one (a temporary table writes no WAL, so
+    its commit flushes nothing); ``synchronous_commit`` is reported as the
+    server has it.
+    """
+    import os
+
+    table = quote_ident(f"joblane_commit_cost_{os.getpid()}_{threading.get_ident() % 100_000}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        setting = conn.execute("SHOW synchronous_commit").fetchone()[0]
+        conn.execute(f"CREATE TABLE {table} (x int)")
+        try:
+            for _ in range(20):  # warm up
+                conn.execute(f"INSERT INTO {table} VALUES (1)")
+            started = time.perf_counter()
+            for _ in range(commits):
+                conn.execute(f"INSERT INTO {table} VALUES (1)")
+            commit = (time.perf_counter() - started) / commits
+            started = time.perf_counter()
+            for _ in range(commits):
+                conn.execute("SELECT 1")
+            trip = (time.perf_counter() - started) / commits
+        finally:
+            conn.execute(f"DROP TABLE {table}")
+    return {"commit_ms": round(commit * 1000, 3), "commits_per_s": round(1 / commit), "round_trip_ms":
+            round(trip * 1000, 3), "synchronous_commit": setting}
+
+
+def describe_commit_cost(cost: dict[str, Any]) -> str:
+    return (f"commit {cost['commit_ms']:.2f} ms ({cost['commits_per_s']:,} commits/s; a one-row INSERT in autocommit, "
+            f"synchronous_commit {cost['synchronous_commit']}), round trip {cost['round_trip_ms']:.2f} ms")
 
 
 def _bench_app(dsn: str, schema: str, *, lean: bool = False) -> App:
@@ -230,20 +268,49 @@ def concurrent_enqueue(dsn: str, writers: int = 8, jobs_each: int = 1000, *, not
 # -- e: the outbox relay ------------------------------------------------------
 
 
-async def sink_app(scope: dict, receive: Any, send: Any) -> None:
-    """The HTTP receiver of workload e: a bare ASGI app that answers 200 at once."""
-    if scope["type"] != "http":
-        return
-    while True:
-        message = await receive()
-        if not message.get("more_body"):
-            break
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
-    await send({"type": "http.response.body", "body": b""})
+def serve_receiver(port: int) -> None:
+    """The HTTP receiver of workload e: answers every request ``200`` with an empty body at once (keep-alive).
+
+    Plain asyncio streams, so that the receiver costs far less per request
+    than the client being measured; run in a process of its own
+    (``python -m joblane.showcase.bench receive PORT``).
+    """
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                if length:
+                    await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        writer.close()
+
+    async def serve() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(serve())
+
+
+SINKS = ("http", "http batch", "nats")
 
 
 def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int = 500, concurrency: int = 4) -> Result:
-    """e: ``rows`` outbox messages delivered by one relay to a local HTTP receiver or NATS JetStream."""
+    """e: ``rows`` outbox messages delivered by one relay to a local HTTP receiver or NATS JetStream.
+
+    ``sink`` "http": one request per message (HttpSink's default); "http
+    batch": ``HttpSink(batch=100)``, a JSON array per request; "nats":
+    JetStream, after the bare nats-py client's pipelined publish of as many
+    messages of the same size and headers to the same stream (``bare_rate``,
+    and the relay's ``ratio`` to it).
+    """
     import os
     import subprocess
     import sys
@@ -251,21 +318,21 @@ def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int =
 
     from ..outbox.relay import Relay
 
+    extra: dict[str, Any] = {}
     with isolated_schema(dsn, new_schema_name("bench")) as schema:
         app = App(dsn, schema=schema)
         cleanup: list[Callable[[], Any]] = []
         try:
-            if sink == "http":
+            if sink in ("http", "http batch"):
                 from ..outbox.sinks import HttpSink
 
                 port = free_port()
-                server = subprocess.Popen(
-                    [sys.executable, "-m", "uvicorn", "joblane.showcase.bench:sink_app", "--port", str(port),
-                     "--log-level", "warning", "--no-access-log"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+                server = subprocess.Popen([sys.executable, "-m", "joblane.showcase.bench", "receive", str(port)],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
                 cleanup.append(lambda: (server.terminate(), server.wait(10)))
                 _wait_for_port(port)
-                app.route("bench.", HttpSink(f"http://127.0.0.1:{port}/hook", concurrency=8))
+                batch = 100 if sink == "http batch" else None
+                app.route("bench.", HttpSink(f"http://127.0.0.1:{port}/hook", concurrency=8, batch=batch))
             elif sink == "nats":
                 from ..outbox.sinks import NatsSink
 
@@ -273,6 +340,8 @@ def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int =
                 asyncio.run(_nats_stream(stream, create=True))
                 cleanup.append(lambda: asyncio.run(_nats_stream(stream, create=False)))
                 app.route("bench.", NatsSink(subject=lambda m: f"{stream.lower()}.{m.id % 16}", stream=stream))
+                bare = asyncio.run(_bare_nats(stream, rows))
+                extra["bare_rate"] = round(bare, 2)
             else:
                 raise ValueError(f"unknown sink {sink!r}")
             q = quote_ident(schema)
@@ -306,8 +375,31 @@ def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int =
         finally:
             for step in cleanup:
                 step()
-    return Result("e", f"{sink}, batch {batch_size}, {concurrency} batches in flight", rows / (ended - started),
-                  "messages/s")
+    rate = rows / (ended - started)
+    if "bare_rate" in extra:
+        extra["ratio"] = round(rate / extra["bare_rate"], 3)
+    settings = f"{sink}, batch {batch_size}, {concurrency} batches in flight"
+    if sink == "http batch":
+        settings = f"http, 100 messages per request, batch {batch_size}, {concurrency} batches in flight"
+    return Result("e", settings, rate, "messages/s", extra)
+
+
+async def _bare_nats(stream: str, rows: int) -> float:
+    """nats-py alone: ``rows`` JetStream publishes, pipelined (acks awaited together), messages like the relay's."""
+    import nats
+
+    nc = await nats.connect("nats://127.0.0.1:4222")
+    try:
+        js = nc.jetstream(publish_async_max_pending=4000)
+        subject = stream.lower()
+        messages = [(f"{subject}.{i % 16}", f'{{"i": {i}}}'.encode(),
+                     {"Joblane-Topic": "bench.e", "Nats-Msg-Id": f"bare:{i}"}) for i in range(1, rows + 1)]
+        started = time.perf_counter()
+        acks = [await js.publish_async(s, body, stream=stream, headers=headers) for s, body, headers in messages]
+        await asyncio.gather(*acks)
+        return rows / (time.perf_counter() - started)
+    finally:
+        await nc.close()
 
 
 def _wait_for_port(port: int, timeout: float = 15.0) -> None:
@@ -369,8 +461,11 @@ def plan(workloads: tuple[str, ...], profile: str, scale: float,
         elif w == "d":
             steps.append(("d", "idle worker", lambda dsn: latency(dsn, jobs or max(50, int(500 * scale)))))
         elif w == "e":
-            for sink in ("http", "nats"):
-                steps.append(("e", sink, lambda dsn, k=sink: relay(dsn, jobs or int(20_000 * scale), sink=k)))
+            for sink in SINKS:
+                # NATS: claims of 1,000 (the relay's batch_size), so the claim and the finish weigh less per message
+                size = 1000 if sink == "nats" else 500
+                steps.append(("e", sink, lambda dsn, k=sink, n=size: relay(
+                    dsn, jobs or int(20_000 * scale), sink=k, batch_size=n)))
         elif w == "f":
             for waiting in (10_000, 1_000_000):
                 steps.append(("f", f"{waiting:,} waiting", lambda dsn, k=waiting: process(
@@ -394,11 +489,21 @@ def main(argv: list[str] | None = None) -> int:
     measures the peers: the first measurement of a process runs colder than
     the ones after it, which would favour the variants ``joblane bench -w b``
     runs second and third.
+
+    ``... commit-cost DSN``: the commit cost as one JSON line (benchmarks/run.py);
+    ``... receive PORT``: workload e's HTTP receiver.
     """
     import json
     import sys
 
-    dsn, variant, jobs = argv if argv is not None else sys.argv[1:]
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if argv[:1] == ["receive"]:
+        serve_receiver(int(argv[1]))
+        return 0
+    if argv[:1] == ["commit-cost"]:
+        print(json.dumps(commit_cost(argv[1])), flush=True)
+        return 0
+    dsn, variant, jobs = argv
     print(json.dumps(enqueue_bulk(dsn, int(jobs), **B_VARIANTS[variant]).as_dict()), flush=True)
     return 0
 

@@ -121,7 +121,13 @@ RETURNING o.id, o.topic, o.key, coalesce(o.idempotency_key, 'outbox:' || o.id) A
 -- the relay that took the row over decided. 'released' gives a claimed row back
 -- untried (an earlier row of its key failed in the same batch): the attempt is
 -- refunded. Returns the rows that applied.
-WITH result AS (
+--
+-- The rows are found through the primary key (id = ANY($1)) and the outcomes
+-- are read once (MATERIALIZED): the planner misjudges how many rows relay $6
+-- holds, and with batches in flight side by side a plan that scanned the
+-- table and unnested the arrays again for each row it found cost up to a
+-- second per batch of 500.
+WITH result AS MATERIALIZED (
     SELECT *
       FROM unnest($1::bigint[], $2::text[], $3::int[], $4::float8[], $5::text[])
            AS r(id, outcome, attempt, delay, error)
@@ -136,7 +142,7 @@ UPDATE {schema}.outbox AS o
        lease_until = NULL,
        relay = NULL
   FROM result AS r
- WHERE o.id = r.id AND o.state = 'pending' AND o.relay = $6 AND o.attempts = r.attempt
+ WHERE o.id = r.id AND o.id = ANY($1::bigint[]) AND o.state = 'pending' AND o.relay = $6 AND o.attempts = r.attempt
 RETURNING o.id;
 
 -- name: extend_outbox_leases

@@ -2,6 +2,12 @@
 
 2xx is delivered; 408, 429 and 5xx are retried, honouring ``Retry-After``;
 any other status fails the row at once, with the response in ``last_error``.
+
+One ``httpx.AsyncClient`` per sink keeps its connections alive between
+batches; a batch's requests go out together, up to ``concurrency`` at once.
+A receiver that takes many messages in one request can opt in with
+``batch=N``: up to N messages to the same URL travel as one JSON array, each
+element carrying its own ``idempotency_key`` (see ``HttpSink``).
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import email.utils
+import json
 import socket
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
@@ -50,6 +57,56 @@ def classify(response: httpx.Response) -> Delivery:
     return Delivery.failed(error)
 
 
+def _judge_status(code: int, error: str | None, retry_after: float | None) -> Delivery:
+    """One element of a batch answer: its status, with the receiver's reason."""
+    if 200 <= code < 300:
+        return Delivery.sent()
+    text = f"HTTP {code}" + (f": {error}" if error else "") + " (in a batch answer)"
+    if code in RETRYABLE or code >= 500:
+        return Delivery.retry(text, after=retry_after)
+    return Delivery.failed(text)
+
+
+def classify_batch(response: httpx.Response, count: int) -> list[Delivery]:
+    """The answer to a batch POST of ``count`` messages, one ``Delivery`` each, in order.
+
+    A non-2xx status applies to every message of the request. A 2xx answer
+    whose body is a JSON array of ``count`` elements speaks for each message:
+    an element is a status code, or an object with ``status`` and optionally
+    ``error`` and ``retry_after`` (seconds). Any other 2xx body means all
+    were taken.
+    """
+    if not 200 <= response.status_code < 300:
+        return [classify(response)] * count
+    answers = None
+    if response.content.lstrip()[:1] == b"[":
+        try:
+            answers = json.loads(response.content)
+        except ValueError:
+            answers = None
+    if not isinstance(answers, list):
+        return [Delivery.sent()] * count
+    if len(answers) != count:
+        return [Delivery.retry(f"the batch answer has {len(answers)} results for {count} messages")] * count
+    results = []
+    for item in answers:
+        if isinstance(item, bool) or not isinstance(item, (int, dict)):
+            results.append(Delivery.retry(f"unreadable result in the batch answer: {str(item)[:100]}"))
+            continue
+        if isinstance(item, int):
+            results.append(_judge_status(item, None, None))
+            continue
+        status, error, after = item.get("status"), item.get("error"), item.get("retry_after")
+        if isinstance(status, bool) or not isinstance(status, int):
+            results.append(Delivery.retry(f"unreadable status in the batch answer: {str(status)[:100]}"))
+            continue
+        error = " ".join(str(error)[:ERROR_BODY].split()) if error is not None else None
+        after = float(after) if isinstance(after, (int, float)) and not isinstance(after, bool) and after >= 0 \
+            else None
+        results.append(_judge_status(status, error, after))
+    return results
+
+
 def explain(exc: BaseException) -> str:
     """``describe(exc)``, with the root cause when the client's own text hides it.
 
@@ -76,6 +133,15 @@ class HttpSink(Sink):
     ``find_url`` enables read-back: before a re-send, a GET on
     ``find_url(message)`` answering 2xx means the destination already has the
     record (404 means it does not).
+
+    ``batch=N`` (for receivers that accept it) sends up to N messages bound
+    for the same URL in one request: a JSON array of objects
+    ``{"idempotency_key", "topic", "key", "headers", "payload"}``, with the
+    header ``Joblane-Batch: <count>``. The receiver answers for all of them
+    with its status, or (2xx) with a JSON array holding one status code or
+    ``{"status", "error", "retry_after"}`` per message, in order: then only
+    the messages it refused are retried or failed. ``concurrency`` requests
+    are in flight at once either way.
     """
 
     name = "http"
@@ -91,11 +157,15 @@ class HttpSink(Sink):
         find_url: Callable[[Message], str] | None = None,
         find: Callable[[Message], Awaitable[bool]] | None = None,
         client: httpx.AsyncClient | None = None,
+        batch: int | None = None,
         **client_options: Any,
     ):
         super().__init__(find=find)
         if concurrency < 1:
             raise ValueError("HttpSink: concurrency must be at least 1")
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+            raise ValueError("HttpSink: batch must be a positive integer (messages per request) or None")
+        self.batch = batch
         self.url = url
         self.method = method.upper()
         self.headers = dict(headers or {})
@@ -151,7 +221,49 @@ class HttpSink(Sink):
     async def send(self, messages: Sequence[Message]) -> list[Delivery]:
         if self._client is None:
             await self.open()
-        return list(await asyncio.gather(*(self._one(m) for m in messages)))
+        if self.batch is None:
+            return list(await asyncio.gather(*(self._one(m) for m in messages)))
+        results: list[Delivery | None] = [None] * len(messages)
+        groups: dict[tuple[str, str], list[int]] = {}  # (method, url) -> indexes, in order
+        for i, m in enumerate(messages):
+            try:
+                method, url, _ = self.request_for(m)
+            except (KeyError, ValueError, IndexError) as exc:
+                results[i] = Delivery.failed(f"cannot build the request: {describe(exc)}")
+                continue
+            groups.setdefault((method, url), []).append(i)
+        requests = []
+        for (method, url), indexes in groups.items():
+            for start in range(0, len(indexes), self.batch):
+                requests.append((method, url, indexes[start:start + self.batch]))
+        answers = await asyncio.gather(*(self._many(method, url, [messages[i] for i in chunk])
+                                         for method, url, chunk in requests))
+        for (_, _, chunk), deliveries in zip(requests, answers):
+            for i, d in zip(chunk, deliveries):
+                results[i] = d
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def batch_body(messages: Sequence[Message]) -> bytes:
+        """The JSON array a batch request carries; each payload goes in as stored, not decoded and encoded again."""
+        parts = []
+        for m in messages:
+            head = json.dumps({"idempotency_key": m.idempotency_key, "topic": m.topic, "key": m.key,
+                               "headers": m.headers}, separators=(",", ":"))
+            parts.append(head[:-1].encode() + b',"payload":' + m.body + b"}")
+        return b"[" + b",".join(parts) + b"]"
+
+    async def _many(self, method: str, url: str, messages: list[Message]) -> list[Delivery]:
+        headers = {"Content-Type": "application/json", **self.headers, "Joblane-Batch": str(len(messages))}
+        async with self._limit:
+            try:
+                response = await self._client.request(method, url, content=self.batch_body(messages),
+                                                       headers=headers)
+            except UnicodeEncodeError as exc:
+                return [Delivery.failed(f"a header is not ASCII: {describe(exc)}")] * len(messages)
+            except httpx.HTTPError as exc:
+                return [Delivery.retry(f"{method} {url}: {explain(exc)}")] * len(messages)
+        return classify_batch(response, len(messages))
 
     async def find(self, message: Message) -> bool:
         if self.find_url is None:

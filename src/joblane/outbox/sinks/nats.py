@@ -165,12 +165,16 @@ class NatsSink(Sink):
         await self.open()
         futures: list[asyncio.Future | Delivery] = []
         subjects: list[str | None] = []
+        js = self._js
         for m in messages:
             subject = None
             try:
                 subject = target(self.subject, m)
-                futures.append(await self._js.publish_async(
-                    subject, m.body, wait_stall=self.timeout, stream=self.stream, headers=self.headers_for(m)))
+                # Below the client's limit of publishes in flight nothing can stall: no timeout to arm (with
+                # one, the client wraps every publish in a task of its own); at the limit, wait that long.
+                stall = None if js.publish_async_pending() < self.max_pending - 1 else self.timeout
+                futures.append(await js.publish_async(
+                    subject, m.body, wait_stall=stall, stream=self.stream, headers=self.headers_for(m)))
             except Exception as exc:  # not published: the rest of the batch still goes
                 futures.append(Delivery.retry(f"publish: {describe(exc)}"))
             subjects.append(subject)
