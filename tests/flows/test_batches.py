@@ -21,7 +21,7 @@ def callbacks(conn, app) -> list[tuple]:
 
 
 def test_a_batch_with_workers_killed_mid_batch_calls_back_once(app, conn, spawn_worker):
-    n = 2000
+    n = 10_000
     with psycopg.connect(app.dsn) as tx:
         batch = app.batch(tx, name="chaos", on_complete=("summary", {"report": "nightly"}))
         ids = batch.enqueue_many(tx, [("step", {"i": i, "sleep": 0.002}) for i in range(n - 20)]
