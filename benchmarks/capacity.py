@@ -32,24 +32,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
+from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import joblane  # noqa: E402
 from joblane import JobSpec  # noqa: E402
-from joblane.outbox import Delivery, Relay, Sink  # noqa: E402
-from joblane.queries import quote_ident  # noqa: E402
+from joblane.outbox import Relay  # noqa: E402
 from joblane.testing import isolated_schema, new_schema_name  # noqa: E402
 from joblane.worker import Worker  # noqa: E402
 from soak import Cluster  # noqa: E402
+from soak_app import DropSink  # noqa: E402
 
 TABLES = ("jobs", "attempts", "outbox")
-
-
-class DropSink(Sink):
-    async def send(self, messages):
-        return [Delivery.sent() for _ in messages]
 
 
 def make_app(dsn: str, schema: str) -> joblane.App:
@@ -117,18 +113,26 @@ def fill(app: joblane.App, n: int, kind: str = "noop") -> None:
             app.enqueue_many(conn, [JobSpec(kind, {"i": i}) for i in range(start, min(n, start + 1000))])
 
 
-def work(app: joblane.App) -> None:
+def run_until_none(app: joblane.App, make: Callable[[], Any], table: str, where: str) -> None:
+    """Run the service ``make()`` returns (a Worker or a Relay) until no row of ``table`` matches ``where``."""
     async def run() -> None:
-        worker = Worker(app, concurrency=200, claim_batch=100)
-        task = asyncio.create_task(worker.run(install_signals=False))
+        service = make()
+        task = asyncio.create_task(service.run(install_signals=False))
         with psycopg.connect(app.dsn, autocommit=True) as conn:
-            while conn.execute(f"SELECT EXISTS (SELECT 1 FROM {quote_ident(app.schema)}.jobs"
-                               " WHERE state IN ('pending', 'running'))").fetchone()[0]:
+            # table and where are this script's own constants; the schema is quoted as an identifier
+            probe = sql.SQL("SELECT EXISTS (SELECT 1 FROM {}.{} WHERE {})").format(
+                sql.Identifier(app.schema), sql.Identifier(table), sql.SQL(where))
+            while conn.execute(probe).fetchone()[0]:
                 await asyncio.sleep(0.05)
-        worker.request_stop()
+        service.request_stop()
         await task
 
     asyncio.run(run())
+
+
+def work(app: joblane.App) -> None:
+    run_until_none(app, lambda: Worker(app, concurrency=200, claim_batch=100), "jobs",
+                   "state IN ('pending', 'running')")
 
 
 def single(app: joblane.App, n: int) -> None:
@@ -146,17 +150,7 @@ def publish(app: joblane.App, n: int) -> None:
 
 
 def relay(app: joblane.App) -> None:
-    async def run() -> None:
-        r = Relay(app, batch_size=500)
-        task = asyncio.create_task(r.run(install_signals=False))
-        with psycopg.connect(app.dsn, autocommit=True) as conn:
-            while conn.execute(f"SELECT EXISTS (SELECT 1 FROM {quote_ident(app.schema)}.outbox"
-                               " WHERE state = 'pending')").fetchone()[0]:
-                await asyncio.sleep(0.05)
-        r.request_stop()
-        await task
-
-    asyncio.run(run())
+    run_until_none(app, lambda: Relay(app, batch_size=500), "outbox", "state = 'pending'")
 
 
 def kept_bytes(dsn: str, n: int) -> dict[str, float]:
@@ -168,10 +162,11 @@ def kept_bytes(dsn: str, n: int) -> dict[str, float]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             out = {}
             for table in ("jobs", "attempts"):
-                name = f"{quote_ident(schema)}.{table}"
-                conn.execute(f"VACUUM {name}")
+                name = sql.Identifier(schema, table)
+                conn.execute(sql.SQL("VACUUM {}").format(name))
+                text = name.as_string(conn)  # regclass reads the quoted name
                 heap, total = conn.execute("SELECT pg_relation_size(%s), pg_total_relation_size(%s)",
-                                           (name, name)).fetchone()
+                                           (text, text)).fetchone()
                 out[table] = {"heap": heap / n, "total": total / n}
     return out
 

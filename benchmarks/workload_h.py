@@ -44,6 +44,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+import run as bench_run  # noqa: E402  benchmarks/run.py: the commit cost, measured one way for every benchmark
+
 PYTHONS = {"joblane": ROOT / ".venv" / "bin" / "python", "pgqueuer": HERE / ".venv-peers" / "bin" / "python"}
 KIND = "h"
 FAIL_RATE = 0.02
@@ -183,12 +186,6 @@ def writers(system: str, dsn: str, schema: str | None, count: int, seconds: floa
 
 # -- one system -------------------------------------------------------------------
 
-def commit_cost(dsn: str) -> dict | None:
-    done = subprocess.run([str(PYTHONS["joblane"]), "-m", "joblane.showcase.bench", "commit-cost", dsn],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
-
-
 def measure(system: str, dsn: str, args: argparse.Namespace) -> dict:
     """Set up, run the workers and writers, summarise (runs in the system's own virtualenv)."""
     if system == "joblane":
@@ -298,7 +295,7 @@ def main() -> int:
             subprocess.run(["bash", str(HERE / "peers" / "setup.sh")], check=True)
     runs: dict[str, list[dict]] = {}
     for rep, system in [(rep, system) for rep in range(args.reps) for system in systems]:  # taking turns
-        cost = commit_cost(args.dsn)
+        cost = bench_run.commit_cost(args.dsn)
         cmd = [str(PYTHONS[system]), __file__, "--run", system, "--dsn", args.dsn, "--seconds", str(args.seconds),
                "--writers", str(args.writers), "--workers", str(args.workers), "--concurrency", str(args.concurrency)]
         print(f"rep {rep + 1}: {system}, {args.seconds:g} s ...", file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ the state it expects and returns the rows it changed.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from . import store
 from .errors import JoblaneError
@@ -353,16 +353,22 @@ def export_attempts(app: Any, conn: Any = None, *, kind: str | None = None, queu
     stmt = app.store.export_attempts(*_filters(kind, queue, outcome, model, since, until))
     if conn is not None:
         store.check_sync(conn, "export_attempts")
-    return _stream(app, conn, stmt, page_size)
+    return _stream(app, conn, stmt, page_size, EXPORT_KEYS, _export_item)
 
 
-def _stream(app: Any, conn: Any, stmt: store.Statement, page_size: int) -> Iterator[dict[str, Any]]:
+def _export_item(item: dict[str, Any]) -> dict[str, Any]:
+    item["meta"] = json.loads(item["meta"]) if item["meta"] else {}
+    return item
+
+
+def _stream(app: Any, conn: Any, stmt: store.Statement, page_size: int, keys: tuple[str, ...],
+            decode: Callable[[dict[str, Any]], dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The rows of ``stmt`` as ``decode``d dicts of ``keys``, through a server-side cursor on ``conn``
+    (or a connection of the app's own, closed at the end)."""
     own = app.connect() if conn is None else None
     try:
         for row in store.stream(own or conn, stmt, page=page_size):
-            item = dict(zip(EXPORT_KEYS, row))
-            item["meta"] = json.loads(item["meta"]) if item["meta"] else {}
-            yield item
+            yield decode(dict(zip(keys, row)))
     finally:
         if own is not None:
             own.close()
@@ -450,21 +456,14 @@ def dataset(app: Any, conn: Any = None, *, kind: str | None = None, queue: str |
     stmt = app.store.dataset_rows(kind, queue, parse_when(since, "since"), parse_when(until, "until"))
     if conn is not None:
         store.check_sync(conn, "dataset")
-    return _dataset_stream(app, conn, stmt, page_size)
+    return _stream(app, conn, stmt, page_size, DATASET_KEYS, _dataset_item)
 
 
-def _dataset_stream(app: Any, conn: Any, stmt: store.Statement, page_size: int) -> Iterator[dict[str, Any]]:
-    own = app.connect() if conn is None else None
-    try:
-        for row in store.stream(own or conn, stmt, page=page_size):
-            item = dict(zip(DATASET_KEYS, row))
-            for key in _DATASET_JSON:
-                if item[key] is not None:
-                    item[key] = json.loads(item[key])
-            yield item
-    finally:
-        if own is not None:
-            own.close()
+def _dataset_item(item: dict[str, Any]) -> dict[str, Any]:
+    for key in _DATASET_JSON:
+        if item[key] is not None:
+            item[key] = json.loads(item[key])
+    return item
 
 
 # -- replay comparisons ------------------------------------------------------------------

@@ -244,15 +244,7 @@ class App:
     def _enqueue_flow(self, conn: Any, kind: str, args: list[Any], replay_of: int | None, after: Any,
                       policy: str | None, batch: Any) -> int:
         """``enqueue`` of a job with parents or a batch: insert (waiting, when it has parents), then link."""
-        parents = flows.check_parents(after) if after is not None else None
-        policy = flows.check_policy(policy)
-        if batch is not None:
-            flows.batch_id(batch)
-        notify = True
-        if parents is not None:
-            if args[8] != "pending":
-                raise JoblaneError("a job with after= cannot be enqueued held")
-            args[8], notify = "waiting", False  # until link_jobs counts its parents
+        parents, policy, notify = flows.check_enqueue(args, after, policy, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:
             rows = store.fetch(conn, self.store.enqueue(*args, replay_of, notify and self.notify, self.channel,
                                                         headers))
@@ -298,15 +290,7 @@ class App:
     async def _enqueue_flow_async(self, conn: Any, kind: str, args: list[Any], replay_of: int | None, after: Any,
                                   policy: str | None, batch: Any) -> int:
         """``_enqueue_flow`` on a psycopg AsyncConnection or an asyncpg connection."""
-        parents = flows.check_parents(after) if after is not None else None
-        policy = flows.check_policy(policy)
-        if batch is not None:
-            flows.batch_id(batch)
-        notify = True
-        if parents is not None:
-            if args[8] != "pending":
-                raise JoblaneError("a job with after= cannot be enqueued held")
-            args[8], notify = "waiting", False
+        parents, policy, notify = flows.check_enqueue(args, after, policy, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:
             rows = await store.fetch_async(conn, self.store.enqueue(*args, replay_of, notify and self.notify,
                                                                     self.channel, headers))

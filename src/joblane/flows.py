@@ -45,6 +45,26 @@ def check_parents(after: Any) -> list[int]:
     return parents
 
 
+def check_enqueue(args: list[Any], after: Any, policy: str | None,
+                  batch: Any) -> tuple[list[int] | None, str, bool]:
+    """The checks of an enqueue with ``after=`` or ``batch=``, on enqueue.prepare's ``args``.
+
+    Returns (parents, policy, notify): a job with parents is inserted
+    ``waiting`` (args is changed in place) and notifies no one, since it
+    cannot run until link_jobs has counted its parents.
+    """
+    parents = check_parents(after) if after is not None else None
+    policy = check_policy(policy)
+    if batch is not None:
+        batch_id(batch)
+    if parents is None:
+        return None, policy, True
+    if args[8] != "pending":
+        raise JoblaneError("a job with after= cannot be enqueued held")
+    args[8] = "waiting"
+    return parents, policy, False
+
+
 def batch_id(batch: Any) -> int:
     """A Batch or a batch id."""
     value = getattr(batch, "id", batch)

@@ -413,30 +413,23 @@ class Demo:
             commands.append(("rejected", held[1]["id"], ["reject", str(held[1]["id"]), "--reason",
                                                          "demo reviewer: not enough to go on"]))
         for what, job_id, args in commands:
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "joblane", *args, env=self.env,
-                                                        cwd=self.cwd, stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.STDOUT)
-            out, _ = await proc.communicate()
-            shown = shlex.join(["joblane", *args])
-            self.review["commands"].append(shown)
-            if proc.returncode != 0:
-                raise DemoError(f"`{shown}` failed: {out.decode(errors='replace').strip()}")
+            await self.cli(*args, who="reviewer", commands=self.review["commands"])
             self.review[what] = job_id
             if what == "released":
                 self.review["released_lead"] = held[0]["payload"]["lead_id"]
-            self.event(f"reviewer: {escape(shown)}")
 
-    async def cli(self, *args: str) -> str:
-        """`joblane ARGS` as a person would type it; its output (a failure stops the demo)."""
+    async def cli(self, *args: str, who: str = "ai tour", commands: list[str] | None = None) -> str:
+        """`joblane ARGS` as ``who`` would type it, kept in ``commands`` (the tour's by default) and shown as an
+        event; its output (a failure stops the demo)."""
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "joblane", *args, env=self.env,
                                                     cwd=self.cwd, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT)
         out, _ = await proc.communicate()
         shown = shlex.join(["joblane", *args])
+        (self.tour["commands"] if commands is None else commands).append(shown)
         if proc.returncode != 0:
             raise DemoError(f"`{shown}` failed: {out.decode(errors='replace').strip()}")
-        self.tour["commands"].append(shown)
-        self.event(f"ai tour: {escape(shown)}")
+        self.event(f"{who}: {escape(shown)}")
         return out.decode(errors="replace")
 
     async def _score_jobs_settle(self, deadline: float) -> None:
@@ -532,16 +525,10 @@ class Demo:
             self.check_children()
             await asyncio.sleep(0.2)
         self.nightly["digest_job"] = progress["callback_job_id"]
-        args = ["signal", f"digest-approved:{batch.id}", "--data", json.dumps({"by": "demo manager"})]
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "joblane", *args, env=self.env,
-                                                    cwd=self.cwd, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
-        out, _ = await proc.communicate()
-        shown = shlex.join(["joblane", *args])
-        if proc.returncode != 0:
-            raise DemoError(f"`{shown}` failed: {out.decode(errors='replace').strip()}")
-        self.nightly["signal"] = shown
-        self.event(f"manager: {escape(shown)}")
+        signed: list[str] = []
+        await self.cli("signal", f"digest-approved:{batch.id}", "--data", json.dumps({"by": "demo manager"}),
+                       who="manager", commands=signed)
+        self.nightly["signal"] = signed[0]
         while (await asyncio.to_thread(self.app.get_job, progress["callback_job_id"]))["state"] != "done":
             if time.monotonic() > deadline:
                 raise TimeoutError
