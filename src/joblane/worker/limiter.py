@@ -199,11 +199,7 @@ class Limiter:
         async with conn.transaction():
             await store.records(conn, self.store.lock_queue_limit(queue))
             result = await store.records(conn, self.store.claim_jobs_limited(queue, n, worker, lease))
-        rows = [r for r in result if r[0] is not None]
-        retry_in = result[0]["retry_in"] if result else None
-        if len(rows) < n and retry_in is not None and retry_in > 0:
-            self._wake_at(time.monotonic() + retry_in)
-        return rows
+        return self._claimed(result, n)
 
     async def _claim_budgeted(self, conn: Any, queue: str, n: int, worker: str, lease: float) -> list:
         """The claim of a queue with spend caps (sql/ai.sql): keys at their cap get no job until their window rolls."""
@@ -214,6 +210,11 @@ class Limiter:
             await store.records(conn, self.store.lock_budgets(queue))
             await store.records(conn, self.store.fold_budget_holds(queue))
             result = await store.records(conn, self.store.claim_jobs_budgeted(queue, n, worker, lease))
+        return self._claimed(result, n)
+
+    def _claimed(self, result: list, n: int) -> list:
+        """The jobs a limited or budgeted claim leased (its result has one row with no job when it leased
+        none); when it leased fewer than ``n`` because of a limit, wake the claim loop when that ends."""
         rows = [r for r in result if r[0] is not None]
         retry_in = result[0]["retry_in"] if result else None
         if len(rows) < n and retry_in is not None and retry_in > 0:
