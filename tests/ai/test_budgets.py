@@ -66,12 +66,7 @@ async def test_a_key_at_its_cap_waits_with_the_reason_shown_until_the_cap_is_rai
     def done() -> int:
         return rows(conn, app, "SELECT count(*) AS n FROM {jobs} WHERE state = 'done'")[0]["n"]
 
-    # one worker throughout: a worker writes the budgets its app declares when it starts
-    async with running_worker(app):
-        await until(lambda: done() == 4)
-        await asyncio.sleep(0.5)  # the held-back jobs stay pending
-        waiting = [i for i in ids if app.get_job(i)["state"] == "pending"]
-        assert len(waiting) == 2 and app.get_job(other)["state"] == "done"
+    def held_back_and_shown(waiting: list[int]) -> None:
         [reason] = app.get_job(waiting[0])["waiting_on"]
         assert reason["budget"] == "llm" and reason["key"] == "acme" and reason["spent"] == pytest.approx(0.3)
         shown = run_cli(app, "jobs", "show", str(waiting[0]))
@@ -89,7 +84,17 @@ async def test_a_key_at_its_cap_waits_with_the_reason_shown_until_the_cap_is_rai
             assert 'joblane_budget_waiting_jobs{budget="llm",key="acme"} 2.0' in metrics, metrics
             assert 'joblane_budget_cap{budget="llm"} 0.3' in metrics
 
-        result = run_cli(app, "budgets", "set", "llm", "--cap", "1")
+    # one worker throughout: a worker writes the budgets its app declares when it starts. It runs in this
+    # event loop, so the command line and the dashboard run in a thread: a budgeted claim holds the budget
+    # rows between its statements, and `budgets set` waits for them while the loop must go on.
+    async with running_worker(app):
+        await until(lambda: done() == 4)
+        await asyncio.sleep(0.5)  # the held-back jobs stay pending
+        waiting = [i for i in ids if app.get_job(i)["state"] == "pending"]
+        assert len(waiting) == 2 and app.get_job(other)["state"] == "done"
+        await asyncio.to_thread(held_back_and_shown, waiting)
+
+        result = await asyncio.to_thread(run_cli, app, "budgets", "set", "llm", "--cap", "1")
         assert result.exit_code == 0, result.output
         await until(lambda: done() == 6)
     assert json.loads(run_cli(app, "budgets", "--json").stdout)[0]["cap"] == 1.0
