@@ -2,6 +2,7 @@
 """Sustained load: a producer at a fixed rate, one worker and one relay, for a given time; a table every 30 s.
 
     .venv/bin/python benchmarks/soak.py --rate 1500 --minutes 10 --retention 120
+    .venv/bin/python benchmarks/soak.py --rate 20000 --minutes 3 --workers 2   # what two workers sustain
 
 It starts a PostgreSQL cluster of its own (``initdb``, PostgreSQL's default
 settings: autovacuum on) so that vacuum and table growth are measured as a
@@ -91,6 +92,32 @@ def sample(conn) -> dict:
     return {"tables": tables, "done": done, "backlog": backlog, "unsent": unsent, "at": time.monotonic()}
 
 
+def retention_seconds(text: str) -> float:
+    from joblane.rules import parse_duration
+
+    return parse_duration(text)
+
+
+def summarise(rows: list[tuple[float, float, int, int]], retention: float) -> None:
+    """Throughput of the first and last tenth-of-an-hour windows; table size once retention applies; the backlog."""
+    total = rows[-1][0]
+    window = min(600.0, total / 3)
+    first = [r[1] for r in rows if r[0] <= window]
+    last = [r[1] for r in rows if r[0] > total - window]
+    if first and last:
+        a, b = sum(first) / len(first), sum(last) / len(last)
+        print(f"throughput: first {window:.0f} s {a:,.0f} tries/s, last {window:.0f} s {b:,.0f} tries/s "
+              f"({(b / a - 1) * 100:+.1f} %)")
+    # retention applies once the first finished jobs are older than it and a pruning round has run
+    settled = [r[2] for r in rows if r[0] >= retention + 180]
+    if len(settled) >= 2:
+        low, high = min(settled), max(settled)
+        print(f"joblane's tables once retention applies (t >= {retention + 180:.0f} s): "
+              f"{low / 2**20:.0f}-{high / 2**20:.0f} MB, end {settled[-1] / 2**20:.0f} MB "
+              f"(max/min {high / low:.2f})")
+    print(f"total size of joblane's tables at the end: {rows[-1][2] / 2**20:.0f} MB; backlog {rows[-1][3]:,}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=1500.0, help="jobs per second the producer commits")
@@ -98,6 +125,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--retention", default="120", help="worker and relay --retention (seconds or 7d)")
     parser.add_argument("--every", type=float, default=30.0, help="seconds between table rows")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (each at its defaults)")
     args = parser.parse_args()
 
     cluster = Cluster()
@@ -117,10 +145,10 @@ def main() -> None:
             print("joblane tables: autovacuum_vacuum_scale_factor=0.01, cost_limit=2000, cost_delay=1ms "
                   "(migration 3)")
             print(f"load: {args.rate:g} jobs/s in transactions of {args.batch}, one outbox message per 10 jobs; "
-                  f"one worker, one relay, retention {args.retention}")
-            for command, extra in (("worker", ["--retention", args.retention]),
-                                   ("relay", ["--retention", args.retention])):
-                log = open(logs / f"{command}.log", "w")
+                  f"{args.workers} worker(s), one relay, retention {args.retention}")
+            for n, (command, extra) in enumerate([("worker", ["--retention", args.retention])] * args.workers
+                                                 + [("relay", ["--retention", args.retention])]):
+                log = open(logs / f"{command}-{n}.log", "w")
                 procs.append(subprocess.Popen([sys.executable, "-m", "joblane", command, APP, *extra], env=env,
                                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
             producer = subprocess.Popen([sys.executable, "-m", "benchmarks.soak_app", str(args.rate), str(args.batch),
@@ -143,11 +171,11 @@ def main() -> None:
                 row = (f"{t:.0f}", f"{mb.get('jobs', 0):.0f}", f"{mb.get('attempts', 0):.0f}",
                        f"{mb.get('outbox', 0):.1f}", f"{jobs[1]:,}", f"{jobs[2]:,}", f"{rate:,.0f}",
                        f"{now['backlog']:,}", f"{now['unsent']:,}")
-                rows.append((t, rate, sum(v[0] for v in now["tables"].values())))
+                rows.append((t, rate, sum(v[0] for v in now["tables"].values()), now["backlog"]))
                 print(" | ".join(row), flush=True)
                 last = now
             if rows:
-                print(f"total size of joblane's tables at the end: {rows[-1][2] / 2**20:.0f} MB")
+                summarise(rows, retention_seconds(args.retention))
     finally:
         for p in procs:
             if p.poll() is None:

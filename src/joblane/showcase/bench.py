@@ -148,13 +148,34 @@ def _prefill(app: App, jobs: int) -> None:
         conn.execute(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(app.schema)))
 
 
+def _history(app: App, jobs: int) -> None:
+    """``jobs`` finished jobs, each with its attempts row, finished within the last 6 days (none for the pruner yet)."""
+    names = {"jobs": sql.Identifier(app.schema, "jobs"), "attempts": sql.Identifier(app.schema, "attempts")}
+    with psycopg.connect(app.dsn, autocommit=True) as conn:
+        for start in range(0, jobs, 1_000_000):
+            count = min(jobs, start + 1_000_000) - start
+            conn.execute(sql.SQL(
+                "WITH made AS (INSERT INTO {jobs} (kind, payload, state, attempts, created_at, run_after, started_at,"
+                " finished_at) SELECT 'noop', jsonb_build_object('i', g), 'done', 1, t, t, t, t"
+                " FROM generate_series(1, %s) g, LATERAL (SELECT now() - interval '6 days'"
+                " + (%s + g) * interval '1 millisecond' AS t) s RETURNING id, finished_at)"
+                " INSERT INTO {attempts} (job_id, attempt, outcome, started_at, finished_at, worker)"
+                " SELECT id, 1, 'done', finished_at, finished_at, 'history' FROM made").format(**names),
+                (count, start))
+        for table in names.values():
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
+
+
 def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch: int | None = None,
-            waiting: int = 0, label: str | None = None, lean: bool = False, **worker_options: Any) -> Result:
-    """Workload c (and f, with ``waiting`` extra jobs parked in another queue... no: ready behind them)."""
+            waiting: int = 0, history: int = 0, label: str | None = None, lean: bool = False,
+            **worker_options: Any) -> Result:
+    """Workload c; f with ``waiting`` more jobs scheduled for tomorrow in the same queue, or ``history`` finished jobs."""
     from ..worker import Worker
 
     with isolated_schema(dsn, new_schema_name("bench")) as schema:
         app = _bench_app(dsn, schema, lean=lean)
+        if history:
+            _history(app, history)
         _prefill(app, jobs + waiting)
         if waiting:
             # f: the extra jobs wait in the same queue but later (run_after in the future),
@@ -170,12 +191,11 @@ def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch:
             done = threading.Event()
             finished: list[float] = []
             started = time.perf_counter()
-            if waiting:
-                watch_sql = (f"SELECT EXISTS (SELECT 1 FROM {quote_ident(schema)}.jobs"
-                             " WHERE state = 'running' OR (state = 'pending' AND run_after <= now()))")
-            else:
-                watch_sql = (f"SELECT EXISTS (SELECT 1 FROM {quote_ident(schema)}.jobs"
-                             " WHERE state IN ('pending', 'running'))")
+            # one EXISTS per state, so each reads its partial index whatever else the table holds
+            jobs_table = f"{quote_ident(schema)}.jobs"
+            ready = " AND run_after <= now()" if waiting else ""
+            watch_sql = (f"SELECT EXISTS (SELECT 1 FROM {jobs_table} WHERE state = 'running')"
+                         f" OR EXISTS (SELECT 1 FROM {jobs_table} WHERE state = 'pending'{ready})")
             watcher = threading.Thread(target=_watch_sql, args=(app.dsn, watch_sql, done, finished), daemon=True)
             runner = asyncio.create_task(worker.run(install_signals=False))
             watcher.start()
@@ -187,10 +207,12 @@ def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch:
             return started, finished[0]
 
         started, ended = asyncio.run(run())
-    name = "f" if waiting else "c"
+    name = "f" if waiting or history else "c"
     settings = label or f"concurrency {concurrency}, claim {claim_batch or concurrency}"
     if waiting:
         settings += f", {waiting:,} waiting"
+    if history:
+        settings += f", {history:,} finished in history"
     return Result(name, settings, jobs / (ended - started), "jobs/s")
 
 
@@ -468,9 +490,14 @@ def plan(workloads: tuple[str, ...], profile: str, scale: float,
                 steps.append(("e", sink, lambda dsn, k=sink, n=size: relay(
                     dsn, jobs or int(20_000 * scale), sink=k, batch_size=n)))
         elif w == "f":
-            for waiting in (10_000, 1_000_000):
-                steps.append(("f", f"{waiting:,} waiting", lambda dsn, k=waiting: process(
-                    dsn, jobs or int(20_000 * scale), waiting=int(k * scale), label="best", **PROFILES["best"])))
+            # the claim against a big table: scheduled jobs beside the ready ones, a week of finished history;
+            # "no history" is the same run on an empty table, to compare with
+            for waiting, history in ((10_000, 0), (1_000_000, 0), (0, 0), (0, 10_000_000)):
+                what = (f"{waiting:,} waiting" if waiting else f"{history:,} in history" if history
+                        else "no history")
+                steps.append(("f", what, lambda dsn, k=waiting, h=history: process(
+                    dsn, jobs or int(20_000 * scale), waiting=int(k * scale), history=int(h * scale),
+                    label="best", **PROFILES["best"])))
         elif w == "g":
             for notify in (True, False):
                 steps.append(("g", f"notify {'on' if notify else 'off'}", lambda dsn, n=notify: concurrent_enqueue(
