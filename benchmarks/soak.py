@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=30.0, help="seconds between table rows")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (each at its defaults)")
     args = parser.parse_args()
+    # SIGTERM (or SIGINT from a background job) stops the run through the finally below: processes, then cluster
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     cluster = Cluster()
     dsn = cluster.start()

@@ -226,3 +226,65 @@ async def test_the_pruner_catches_up_on_a_backlog_in_short_rounds(app, conn, job
     assert pruner.total == 25000 and pruner.runs >= 7, "caught up in rounds that came back at once"
     assert not pruner.behind
     assert [r[0] for r in conn.execute(f"SELECT id FROM {table(app, 'jobs')}")] == [keep]
+
+
+async def test_a_pruning_round_that_cannot_take_all_takes_the_oldest(app, conn, joblane_dsn):
+    by_age = {age: fabricate(conn, app, state="done", finished=f"{age} hours") for age in (5, 30, 2, 50, 10)}
+    for job in by_age.values():
+        conn.execute(f"INSERT INTO {table(app, 'attempts')} (job_id, attempt, outcome) VALUES (%s, 1, 'done')", (job,))
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        pruner = Pruner(app.store, retention=3600, batch=2)
+        pruner.max_batches = 1
+        assert sorted(await pruner.run_once(c)) == sorted([by_age[50], by_age[30]])
+        assert pruner.behind
+        assert sorted(await pruner.run_once(c)) == sorted([by_age[10], by_age[5]])
+        assert await pruner.run_once(c) == [by_age[2]] and not pruner.behind
+    finally:
+        await c.close()
+    assert count(conn, app) == 0
+    assert conn.execute(f"SELECT count(*) FROM {table(app, 'attempts')}").fetchone()[0] == 0
+
+
+async def test_the_outbox_pruner_deletes_sent_rows_past_the_retention_oldest_first(app, conn, joblane_dsn):
+    from joblane.maintenance.outbox_pruner import OutboxPruner
+
+    ids = [app.publish(conn, "orders.created", {"n": n}) for n in range(6)]
+    outbox = table(app, "outbox")
+    # sent 1, 9 and 3 days ago; sent an hour ago; never sent (pending), though old; failed, old
+    for message, sent in zip(ids[:4], ("1 day", "9 days", "3 days", "1 hour")):
+        conn.execute(f"UPDATE {outbox} SET state = 'sent', sent_at = now() - %s::interval WHERE id = %s", (sent, message))
+    conn.execute(f"UPDATE {outbox} SET created_at = now() - interval '9 days' WHERE id = ANY(%s)", (ids[4:],))
+    conn.execute(f"UPDATE {outbox} SET state = 'failed' WHERE id = %s", (ids[5],))
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        pruner = OutboxPruner(app.store, retention=12 * 3600, batch=2)
+        pruner.max_batches = 1
+        assert sorted(await pruner.run_once(c)) == sorted([ids[1], ids[2]]) and pruner.behind
+        assert await pruner.run_once(c) == [ids[0]] and not pruner.behind
+    finally:
+        await c.close()
+    left = [r[0] for r in conn.execute(f"SELECT id FROM {outbox} ORDER BY id")]
+    assert left == [ids[3], ids[4], ids[5]]
+    with pytest.raises(ValueError):
+        OutboxPruner(app.store, retention=-1)
+
+
+async def test_pruning_reads_its_rows_by_index_whatever_the_history_holds(app, conn, joblane_dsn):
+    """Each delete of a round finds its rows by index: a round costs the rows it deletes, not the table."""
+    jobs, attempts, outbox = table(app, "jobs"), table(app, "attempts"), table(app, "outbox")
+    conn.execute(f"INSERT INTO {jobs} (kind, state, attempts, finished_at)"
+                 " SELECT 'k', 'done', 1, now() - g * interval '1 second' FROM generate_series(1, 100000) g")
+    conn.execute(f"INSERT INTO {attempts} (job_id, attempt, outcome) SELECT id, 1, 'done' FROM {jobs}")
+    conn.execute(f"INSERT INTO {outbox} (topic, payload, state, sent_at)"
+                 " SELECT 't', '{}', 'sent', now() - g * interval '1 second' FROM generate_series(1, 100000) g")
+    for name in (jobs, attempts, outbox):
+        conn.execute(f"ANALYZE {name}")
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        for stmt in (app.store.prune_finished(3600, False, 5000), app.store.prune_outbox(3600, 5000)):
+            await c.execute("SET plan_cache_mode = force_generic_plan")  # as the pruner's prepared statement ends up
+            plan = "\n".join(r[0] for r in await c.fetch("EXPLAIN " + stmt.sql, *stmt.args))
+            assert "Seq Scan" not in plan and "Hash Join" not in plan, plan
+    finally:
+        await c.close()

@@ -244,24 +244,29 @@ SELECT id, state FROM rescued;
 
 -- name: prune_finished
 -- Delete up to $3 jobs done or cancelled more than $1 seconds ago (failed ones too when $2), with their attempts and steps.
+--
+-- The oldest first through jobs_finished, and every delete by index on an
+-- array of ids: joined to the doomed rows instead, the planner hashes the
+-- whole attempts table each round, a cost that grows with the history kept.
 WITH doomed AS (
     SELECT id
       FROM {schema}.jobs
      WHERE state IN ('done', 'failed', 'cancelled')
        AND (state <> 'failed' OR $2::bool)
        AND finished_at < now() - make_interval(secs => $1::float8)
+     ORDER BY finished_at
      LIMIT $3
        FOR UPDATE SKIP LOCKED
 ), gone AS (
-    DELETE FROM {schema}.attempts AS a USING doomed WHERE a.job_id = doomed.id
+    DELETE FROM {schema}.attempts WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
 ), gone_steps AS (
-    DELETE FROM {schema}.job_steps AS s USING doomed WHERE s.job_id = doomed.id
+    DELETE FROM {schema}.job_steps WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
 ), gone_deps AS (
     -- dependencies of finished children (a finished parent's edges go with its children)
-    DELETE FROM {schema}.job_deps AS d USING doomed WHERE d.child_id = doomed.id
+    DELETE FROM {schema}.job_deps WHERE child_id = ANY(ARRAY(SELECT id FROM doomed))
 )
-DELETE FROM {schema}.jobs AS j USING doomed WHERE j.id = doomed.id
-RETURNING j.id;
+DELETE FROM {schema}.jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+RETURNING id;
 
 -- name: job_steps
 -- The finished steps of job $1 (name, result as JSON text), read once per try on its first step.

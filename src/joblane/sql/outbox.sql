@@ -196,16 +196,17 @@ DELETE FROM {schema}.outbox
 RETURNING id;
 
 -- name: prune_outbox
--- Delete up to $2 rows sent more than $1 seconds ago.
+-- Delete up to $2 rows sent more than $1 seconds ago, the oldest first (through outbox_sent, by primary key).
 WITH doomed AS (
     SELECT id
       FROM {schema}.outbox
      WHERE state = 'sent' AND sent_at < now() - make_interval(secs => $1::float8)
+     ORDER BY sent_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
 )
-DELETE FROM {schema}.outbox AS o USING doomed WHERE o.id = doomed.id
-RETURNING o.id;
+DELETE FROM {schema}.outbox WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+RETURNING id;
 
 -- name: complete_job_in_transaction
 -- Mark job $1 done for its running attempt $2 inside the task's own transaction (result $3, attempt meta $4); returns the id when it applied.
