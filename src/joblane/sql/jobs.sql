@@ -246,27 +246,33 @@ SELECT id, state FROM rescued;
 -- Delete up to $3 jobs done or cancelled more than $1 seconds ago (failed ones too when $2), with their attempts and steps.
 --
 -- The oldest first through jobs_finished, and every delete by index on an
--- array of ids: joined to the doomed rows instead, the planner hashes the
+-- array of ids: joined to the picked rows instead, the planner hashes the
 -- whole attempts table each round, a cost that grows with the history kept.
-WITH doomed AS (
-    SELECT id
-      FROM {schema}.jobs
-     WHERE state IN ('done', 'failed', 'cancelled')
+-- No row lock ahead of the delete (it would write each row twice): the
+-- delete repeats the conditions, so a job retried meanwhile is re-checked
+-- and kept, and only the jobs it deleted lose their attempts and steps.
+WITH gone AS (
+    DELETE FROM {schema}.jobs
+     WHERE id = ANY(ARRAY(SELECT id
+                            FROM {schema}.jobs
+                           WHERE state IN ('done', 'failed', 'cancelled')
+                             AND (state <> 'failed' OR $2::bool)
+                             AND finished_at < now() - make_interval(secs => $1::float8)
+                           ORDER BY finished_at
+                           LIMIT $3))
+       AND state IN ('done', 'failed', 'cancelled')
        AND (state <> 'failed' OR $2::bool)
        AND finished_at < now() - make_interval(secs => $1::float8)
-     ORDER BY finished_at
-     LIMIT $3
-       FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM {schema}.attempts WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
+    RETURNING id
+), gone_attempts AS (
+    DELETE FROM {schema}.attempts WHERE job_id = ANY(ARRAY(SELECT id FROM gone))
 ), gone_steps AS (
-    DELETE FROM {schema}.job_steps WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
+    DELETE FROM {schema}.job_steps WHERE job_id = ANY(ARRAY(SELECT id FROM gone))
 ), gone_deps AS (
     -- dependencies of finished children (a finished parent's edges go with its children)
-    DELETE FROM {schema}.job_deps WHERE child_id = ANY(ARRAY(SELECT id FROM doomed))
+    DELETE FROM {schema}.job_deps WHERE child_id = ANY(ARRAY(SELECT id FROM gone))
 )
-DELETE FROM {schema}.jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed))
-RETURNING id;
+SELECT id FROM gone;
 
 -- name: job_steps
 -- The finished steps of job $1 (name, result as JSON text), read once per try on its first step.

@@ -197,15 +197,13 @@ RETURNING id;
 
 -- name: prune_outbox
 -- Delete up to $2 rows sent more than $1 seconds ago, the oldest first (through outbox_sent, by primary key).
-WITH doomed AS (
-    SELECT id
-      FROM {schema}.outbox
-     WHERE state = 'sent' AND sent_at < now() - make_interval(secs => $1::float8)
-     ORDER BY sent_at
-     LIMIT $2
-       FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {schema}.outbox WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+DELETE FROM {schema}.outbox
+ WHERE id = ANY(ARRAY(SELECT id
+                        FROM {schema}.outbox
+                       WHERE state = 'sent' AND sent_at < now() - make_interval(secs => $1::float8)
+                       ORDER BY sent_at
+                       LIMIT $2))
+   AND state = 'sent'
 RETURNING id;
 
 -- name: complete_job_in_transaction
