@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--retention", default="120", help="worker and relay --retention (seconds or 7d)")
     parser.add_argument("--every", type=float, default=30.0, help="seconds between table rows")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (each at its defaults)")
+    parser.add_argument("--worker-args", default="", help="more options for each worker, e.g. '--claimers 2'")
     args = parser.parse_args()
     # SIGTERM (or SIGINT from a background job) stops the run through the finally below: processes, then cluster
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -147,8 +148,9 @@ def main() -> None:
             print("joblane tables: autovacuum_vacuum_scale_factor=0.01, cost_limit=2000, cost_delay=1ms "
                   "(migration 3)")
             print(f"load: {args.rate:g} jobs/s in transactions of {args.batch}, one outbox message per 10 jobs; "
-                  f"{args.workers} worker(s), one relay, retention {args.retention}")
-            for n, (command, extra) in enumerate([("worker", ["--retention", args.retention])] * args.workers
+                  f"{args.workers} worker(s) {args.worker_args}, one relay, retention {args.retention}")
+            worker_args = ["--retention", args.retention, *args.worker_args.split()]
+            for n, (command, extra) in enumerate([("worker", worker_args)] * args.workers
                                                  + [("relay", ["--retention", args.retention])]):
                 log = open(logs / f"{command}-{n}.log", "w")
                 procs.append(subprocess.Popen([sys.executable, "-m", "joblane", command, APP, *extra], env=env,

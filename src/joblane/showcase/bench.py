@@ -149,7 +149,10 @@ def _prefill(app: App, jobs: int) -> None:
 
 
 def _history(app: App, jobs: int) -> None:
-    """``jobs`` finished jobs, each with its attempts row, finished within the last 6 days (none for the pruner yet)."""
+    """``jobs`` finished jobs with their attempts rows, spread over the last 6 days (none old enough to prune),
+    and the dashboard's roll-ups of them made, as a worker running all along would have made them."""
+    from ..maintenance import History
+
     names = {"jobs": sql.Identifier(app.schema, "jobs"), "attempts": sql.Identifier(app.schema, "attempts")}
     with psycopg.connect(app.dsn, autocommit=True) as conn:
         for start in range(0, jobs, 1_000_000):
@@ -158,12 +161,25 @@ def _history(app: App, jobs: int) -> None:
                 "WITH made AS (INSERT INTO {jobs} (kind, payload, state, attempts, created_at, run_after, started_at,"
                 " finished_at) SELECT 'noop', jsonb_build_object('i', g), 'done', 1, t, t, t, t"
                 " FROM generate_series(1, %s) g, LATERAL (SELECT now() - interval '6 days'"
-                " + (%s + g) * interval '1 millisecond' AS t) s RETURNING id, finished_at)"
+                " + (%s + g) * (interval '6 days' / %s::float8) AS t) s RETURNING id, finished_at)"
                 " INSERT INTO {attempts} (job_id, attempt, outcome, started_at, finished_at, worker)"
                 " SELECT id, 1, 'done', finished_at, finished_at, 'history' FROM made").format(**names),
-                (count, start))
+                (count, start, jobs + 1))
         for table in names.values():
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
+
+    async def roll_up() -> None:
+        import asyncpg
+
+        history = History(app.store)
+        conn = await asyncpg.connect(app.dsn)
+        try:
+            while await history.run_once(conn) is not None and history.behind:
+                pass
+        finally:
+            await conn.close()
+
+    asyncio.run(roll_up())
 
 
 def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch: int | None = None,
