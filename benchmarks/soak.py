@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -60,11 +61,12 @@ class Cluster:
             command = ["runuser", "-u", "postgres", "--", *command]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
-    def start(self) -> str:
+    def start(self, settings: tuple[str, ...] = ()) -> str:
         data = self.dir / "data"
         self.run(pg_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        extra = "".join(f" -c {s}" for s in settings)
         self.run(pg_bin("pg_ctl"), "-D", str(data), "-l", str(self.dir / "server.log"), "-w", "start",
-                 "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1")
+                 "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1{extra}")
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def stop(self) -> None:
@@ -126,13 +128,18 @@ def main() -> None:
     parser.add_argument("--retention", default="120", help="worker and relay --retention (seconds or 7d)")
     parser.add_argument("--every", type=float, default=30.0, help="seconds between table rows")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (each at its defaults)")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a PostgreSQL setting other than its default, e.g. autovacuum_naptime=10s")
     parser.add_argument("--worker-args", default="", help="more options for each worker, e.g. '--claimers 2'")
     args = parser.parse_args()
     # SIGTERM (or SIGINT from a background job) stops the run through the finally below: processes, then cluster
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    for setting in args.setting:
+        if not re.fullmatch(r"[a-z_]+=[A-Za-z0-9_.]+", setting):
+            parser.error(f"--setting {setting!r}: expected name=value")
     cluster = Cluster()
-    dsn = cluster.start()
+    dsn = cluster.start(tuple(args.setting))
     procs: list[subprocess.Popen] = []
     env = {**os.environ, "DATABASE_URL": dsn, "JOBLANE_SCHEMA": "joblane", "PYTHONPATH": str(ROOT)}
     logs = cluster.dir / "logs"
