@@ -174,6 +174,8 @@ def main() -> None:
             rows = []
             while producer.poll() is None:
                 time.sleep(args.every)
+                if producer.poll() is not None:
+                    break  # the producer stopped within this window: its rate would read low
                 now = sample(conn)
                 rate = (now["done"] - last["done"]) / (now["at"] - last["at"])
                 t = now["at"] - started
