@@ -11,7 +11,7 @@ import pytest
 import joblane
 from joblane.testing import drain
 
-from .conftest import count
+from .conftest import count, table
 
 
 def test_a_decorated_task_enqueues_itself(app, conn):
@@ -116,5 +116,25 @@ def test_status_health_shows_the_tables_and_warns(app, conn):
     autovacuum = conn.execute("SHOW autovacuum").fetchone()[0] == "on"
     assert report["autovacuum"] is autovacuum
     assert any("autovacuum is off" in w for w in report["warnings"]) is (not autovacuum)
+    naptime = conn.execute("SELECT setting::float8 FROM pg_settings WHERE name = 'autovacuum_naptime'").fetchone()[0]
+    assert report["autovacuum_naptime_seconds"] == naptime
     text = CliRunner().invoke(main, ["status", "--health"], env=env)
     assert text.exit_code == 0 and "jobs" in text.output and "oldest open transaction" in text.output
+    assert (f"looks every {naptime:g}s" in text.output) is autovacuum
+
+
+def test_the_dashboard_and_its_metrics_show_table_health_and_its_warnings(app, conn):
+    from joblane import admin
+    from tests.ai.helpers import dashboard
+
+    app.enqueue_many(conn, [("k", {"i": i}) for i in range(20)])
+    with dashboard(app) as web:
+        metrics = web.get("/metrics").text
+        overview = web.get("/").text
+    jobs_bytes = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (table(app, "jobs"),)).fetchone()[0]
+    assert f'joblane_table_bytes{{table="jobs"}} {float(jobs_bytes)}' in metrics, metrics
+    assert 'joblane_table_dead_rows{table="attempts"}' in metrics and "joblane_oldest_transaction_seconds" in metrics
+    warnings = admin.health(app, conn)["warnings"]
+    assert f"joblane_health_warnings {float(len(warnings))}" in metrics
+    for warning in warnings:  # a database with autovacuum off (as this machine's shared one) is named on the page
+        assert f"Database: {warning}" in overview

@@ -157,6 +157,8 @@ def job_states(app: Any, ids: Sequence[int], conn: Any = None) -> dict[int, str]
 DEAD_SHARE = 0.2
 DEAD_MIN = 10_000
 OLD_TRANSACTION_SECONDS = 300.0
+# autovacuum looking less often than this lets a busy queue's dead rows pile up between passes
+BUSY_QUEUE_NAPTIME = 15.0
 
 
 def health(app: Any, conn: Any = None) -> dict[str, Any]:
@@ -165,17 +167,20 @@ def health(app: Any, conn: Any = None) -> dict[str, Any]:
               for t, size, live, dead, vacuumed, runs in _rows(app, conn, app.store.table_health(app.schema))]
     if not any(t["table"] == "jobs" for t in tables):
         raise JoblaneError(f"schema {app.schema!r} has no joblane tables: run `joblane migrate`")
-    [(autovacuum, oldest)] = _rows(app, conn, app.store.database_health())
+    [(autovacuum, oldest, naptime)] = _rows(app, conn, app.store.database_health())
     warnings = []
     if not autovacuum:
         warnings.append("autovacuum is off: dead rows pile up and claims slow down at high rates; turn it on")
     for t in tables:
         if t["dead"] >= DEAD_MIN and t["dead"] > DEAD_SHARE * max(t["live"], 1):
+            hint = (f" (autovacuum looks every {naptime:g}s; set autovacuum_naptime = 10s for a busy queue)"
+                    if autovacuum and naptime > BUSY_QUEUE_NAPTIME else "")
             warnings.append(f"{t['table']}: {t['dead']:,} dead row versions for {t['live']:,} live: "
-                            "vacuum is falling behind")
+                            f"vacuum is falling behind{hint}")
     if oldest is not None and oldest > OLD_TRANSACTION_SECONDS:
         warnings.append(f"a transaction has been open for {oldest:.0f}s: no vacuum can reclaim rows it may see")
-    return {"tables": tables, "autovacuum": autovacuum, "oldest_transaction_seconds": oldest, "warnings": warnings}
+    return {"tables": tables, "autovacuum": autovacuum, "autovacuum_naptime_seconds": naptime,
+            "oldest_transaction_seconds": oldest, "warnings": warnings}
 
 
 # -- workers and relays ----------------------------------------------------------------

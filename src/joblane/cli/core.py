@@ -140,7 +140,8 @@ def _health(app: App, as_json: bool) -> None:
                       show_time(t["last_vacuum"]), f"{t['vacuums']:,}")
     print_table(table)
     oldest = report["oldest_transaction_seconds"]
-    console.print(f"autovacuum {'on' if report['autovacuum'] else 'off'}; oldest open transaction: "
+    looks = f" (looks every {report['autovacuum_naptime_seconds']:g}s)" if report["autovacuum"] else ""
+    console.print(f"autovacuum {'on' if report['autovacuum'] else 'off'}{looks}; oldest open transaction: "
                   f"{rules.format_age(oldest) if oldest is not None else 'none'}")
     for warning in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)

@@ -145,7 +145,8 @@ SELECT c.relname::text, pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0)
  ORDER BY pg_total_relation_size(c.oid) DESC;
 
 -- name: database_health
--- Whether autovacuum is on, and the age in seconds of the oldest open transaction (it holds back every vacuum).
+-- Whether autovacuum is on, the age in seconds of the oldest open transaction (it holds back every vacuum), and how often autovacuum looks for work (seconds).
 SELECT current_setting('autovacuum')::bool,
        (SELECT extract(epoch FROM max(now() - xact_start))::float8
-          FROM pg_stat_activity WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid());
+          FROM pg_stat_activity WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()),
+       (SELECT setting::float8 FROM pg_settings WHERE name = 'autovacuum_naptime');

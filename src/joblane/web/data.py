@@ -169,6 +169,11 @@ class Data:
         with self.connection() as conn:
             return self.app.budget_status(conn)
 
+    def health(self) -> dict[str, Any]:
+        """Sizes, dead rows and vacuum of joblane's tables, with warnings (admin.health)."""
+        with self.connection() as conn:
+            return admin.health(self.app, conn)
+
     def replay_tags(self) -> list[dict[str, Any]]:
         with self.connection() as conn:
             return admin.replay_tags(self.app, conn)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -109,6 +110,28 @@ class JoblaneCollector(Collector):
         yield lag
         yield unsent
         yield retrying
+
+        health = self.data.health()
+        size = GaugeMetricFamily("joblane_table_bytes", "Size on disk of each joblane table (indexes included).",
+                                 labels=["table"])
+        dead = GaugeMetricFamily("joblane_table_dead_rows", "Dead row versions of each joblane table, for vacuum.",
+                                 labels=["table"])
+        vacuumed = GaugeMetricFamily("joblane_table_last_vacuum_age_seconds",
+                                     "Seconds since (auto)vacuum last finished on each joblane table.", labels=["table"])
+        for t in health["tables"]:
+            size.add_metric([t["table"]], t["bytes"])
+            dead.add_metric([t["table"]], t["dead"])
+            if t["last_vacuum"] is not None:
+                vacuumed.add_metric([t["table"]], max(0.0, time.time() - t["last_vacuum"].timestamp()))
+        yield size
+        yield dead
+        yield vacuumed
+        yield GaugeMetricFamily("joblane_oldest_transaction_seconds",
+                                "Age of the database's oldest open transaction (it holds back every vacuum).",
+                                value=health["oldest_transaction_seconds"] or 0.0)
+        yield GaugeMetricFamily("joblane_health_warnings",
+                                "Warnings of `joblane status --health` (autovacuum off or behind, old transactions).",
+                                value=len(health["warnings"]))
 
 
 def registry_for(data: Data) -> CollectorRegistry:

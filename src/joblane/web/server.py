@@ -356,7 +356,8 @@ class Dashboard:
             return {"counts": self.data.queue_counts(), "minutes": self.data.throughput(),
                     "workers": self.data.workers(), "outbox": self.data.outbox_topics(),
                     "paused": self.data.paused_queues(),
-                    "capped": [b for b in self.data.budgets() if b["at_cap"]]}
+                    "capped": [b for b in self.data.budgets() if b["at_cap"]],
+                    "health": self.data.health()["warnings"]}
 
         loaded = await self.db(load)
         return {**loaded, "chart": throughput_chart(loaded["minutes"]), "states": JOB_STATES}
