@@ -216,6 +216,8 @@ def test_search_by_payload_then_retry_every_match_after_seeing_the_count(site, p
     page.fill("#filters input[name=payload]", f"tag={tag}")
     page.fill("#filters input[name=error]", "malformed")
     page.click("#filters button[type=submit]")
+    page.wait_for_url(re.compile(f"payload=tag%3D{tag}"))  # the search's page, loaded: not the one before it
+    page.wait_for_load_state()
     assert sorted(int(i) for i in page.locator("tr[data-job]").evaluate_all(
         "rows => rows.map(r => r.dataset.job)")) == sorted(ids)
     page.locator("#bulk-all button", has_text="retry all").click()
