@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import asyncpg
 import pytest
 
 import joblane
-from joblane.maintenance import Pruner, Rescuer
+from joblane.maintenance import Pruner, Rescuer, Vacuumer
 from joblane.store import outcome_rows
 from joblane.types import Outcome
 from joblane.testing import drain
@@ -83,6 +84,57 @@ async def test_pruner_deletes_old_finished_jobs_and_their_attempts(app, conn, jo
         await c.close()
     with pytest.raises(ValueError):
         Pruner(app.store, retention=-1)
+
+
+def dead_rows(conn, app, name: str) -> tuple[int, bool]:
+    """Dead row versions of a joblane table and whether a vacuum has run on it, from the statistics."""
+    return conn.execute("SELECT n_dead_tup, last_vacuum IS NOT NULL FROM pg_stat_all_tables WHERE relid = %s::regclass",
+                        (table(app, name),)).fetchone()
+
+
+async def test_the_vacuumer_vacuums_a_table_once_its_dead_rows_pile_up(app, conn, joblane_dsn):
+    ids = [fabricate(conn, app, state="pending") for _ in range(300)]
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        vacuumer = Vacuumer(app.store, tables=("jobs", "outbox"), interval=30, min_dead=250)
+        assert await vacuumer.run_once(c) == []  # no dead rows yet
+        with conn.transaction():  # a claim and a completion each leave a dead version of the row
+            conn.execute(f"UPDATE {table(app, 'jobs')} SET state = 'done', finished_at = now() WHERE id = ANY(%s)", (ids,))
+            conn.execute("SELECT pg_stat_force_next_flush()")
+        assert dead_rows(conn, app, "jobs") == (300, False)
+        assert await vacuumer.run_once(c) == [("jobs", 300)]
+        assert dead_rows(conn, app, "jobs") == (0, True)
+        # vacuumed within the interval: not again, however many dead rows come meanwhile
+        with conn.transaction():
+            conn.execute(f"UPDATE {table(app, 'jobs')} SET priority = 1 WHERE id = ANY(%s)", (ids,))
+            conn.execute("SELECT pg_stat_force_next_flush()")
+        assert dead_rows(conn, app, "jobs")[0] == 300
+        assert await vacuumer.run_once(c) == []
+        assert await Vacuumer(app.store, tables=("jobs",), interval=0.001, min_dead=250).run_once(c) == [("jobs", 300)]
+        assert count(conn, app) == 300  # a vacuum removes dead versions only
+    finally:
+        await c.close()
+    for bad in ({"tables": ()}, {"tables": ("attempts",)}, {"tables": ("jobs",), "min_dead": 0},
+                {"tables": ("jobs",), "interval": 0}):
+        with pytest.raises(ValueError):
+            Vacuumer(app.store, **bad)
+
+
+async def test_the_vacuumer_leaves_tables_it_does_not_own_to_autovacuum(app, conn, joblane_dsn):
+    ids = [fabricate(conn, app, state="pending") for _ in range(50)]
+    with conn.transaction():
+        conn.execute(f"UPDATE {table(app, 'jobs')} SET state = 'done', finished_at = now() WHERE id = ANY(%s)", (ids,))
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    role = f"jl_vacuum_{uuid.uuid4().hex[:10]}"
+    conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        await c.execute(f'SET ROLE "{role}"')
+        assert await Vacuumer(app.store, tables=("jobs",), interval=0.001, min_dead=10).run_once(c) == []
+    finally:
+        await c.close()
+        conn.execute(f'DROP ROLE "{role}"')
+    assert dead_rows(conn, app, "jobs") == (50, False)
 
 
 async def test_heartbeat_keeps_a_long_task_leased(app, conn):

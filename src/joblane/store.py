@@ -245,6 +245,15 @@ class Store:
     def save_step(self, job_id, name, attempt, result_json) -> Statement:
         return self._s("save_step", job_id, name, attempt, result_json)
 
+    def vacuum_due(self, tables, min_dead, idle_seconds) -> Statement:
+        return self._s("vacuum_due", self.schema, tables, min_dead, idle_seconds)
+
+    def vacuum_jobs(self) -> Statement:
+        return self._s("vacuum_jobs")
+
+    def vacuum_outbox(self) -> Statement:
+        return self._s("vacuum_outbox")
+
     def try_service_lock(self, key) -> Statement:
         return self._s("try_service_lock", key)
 

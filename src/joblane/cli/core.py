@@ -60,6 +60,8 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
               help="Fail a job of a kind no live worker knows once it is this many seconds old.")
 @click.option("--retention", "retention_seconds", default="7d", show_default=True, type=Duration(),
               help="Prune done/cancelled jobs older than this: 7d, 12h, 30m, or plain seconds.")
+@click.option("--vacuum-interval", default="10s", show_default=True, type=Duration(),
+              help="Vacuum jobs once its dead row versions pile up, checked this often; 0 leaves it to autovacuum.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs joblane[telemetry]).")
@@ -71,7 +73,7 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
            poll_interval: float, lease_seconds: float | None, grace_seconds: float, no_listen: bool,
            retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float,
            metrics_port: int | None = None, metrics_host: str = "127.0.0.1", pgbouncer: bool = False, stall_warning: float = 2.0,
-           unknown_kind_timeout: float = 600.0, claimers: int | None = None) -> None:
+           unknown_kind_timeout: float = 600.0, claimers: int | None = None, vacuum_interval: float = 10.0) -> None:
     """Run the tasks of APP (module:attribute naming a joblane.App)."""
     from ..worker import Worker
 
@@ -86,7 +88,7 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
                                    grace_seconds=grace_seconds, listen=not no_listen,
                                    retention_seconds=retention_seconds, connect_timeout=connect_timeout,
                                    pgbouncer=pgbouncer, stall_warning=stall_warning,
-                                   unknown_kind_timeout=unknown_kind_timeout))
+                                   unknown_kind_timeout=unknown_kind_timeout, vacuum_interval=vacuum_interval))
     if metrics_port is not None:
         from ..telemetry import serve_metrics
 

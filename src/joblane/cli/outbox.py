@@ -32,6 +32,8 @@ from .common import (Duration, Fail, Table, app_from_context, console, emit_json
               help="Seconds a starting relay waits for an unreachable database before it exits.")
 @click.option("--retention", "retention_seconds", default="7d", show_default=True, type=Duration(),
               help="Delete sent rows older than this: 7d, 12h, 30m, or plain seconds.")
+@click.option("--vacuum-interval", default="10s", show_default=True, type=Duration(),
+              help="Vacuum outbox once its dead row versions pile up, checked this often; 0 leaves it to autovacuum.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs joblane[telemetry]).")
@@ -42,7 +44,7 @@ from .common import (Duration, Fail, Table, app_from_context, console, emit_json
 def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, poll_interval: float,
           lease_seconds: float, grace_seconds: float, no_listen: bool, retention_seconds: float,
           log_format: str, verbose: bool, connect_timeout: float, pgbouncer: bool = False,
-          metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> None:
+          metrics_port: int | None = None, metrics_host: str = "127.0.0.1", vacuum_interval: float = 10.0) -> None:
     """Deliver APP's outbox through the sinks it routes (app.route(prefix, sink)).
 
     Logs each retried row (INFO) and failed row (WARNING) with the reason, and a summary every minute.
@@ -57,7 +59,7 @@ def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, 
     r = run_or_fail(lambda: Relay(app, batch_size=batch_size, concurrency=concurrency, poll_interval=poll_interval,
                                   lease_seconds=lease_seconds, grace_seconds=grace_seconds, listen=not no_listen,
                                   retention_seconds=retention_seconds, connect_timeout=connect_timeout,
-                                  pgbouncer=pgbouncer))
+                                  pgbouncer=pgbouncer, vacuum_interval=vacuum_interval))
     if metrics_port is not None:
         from ..telemetry import serve_relay_metrics
 

@@ -1,6 +1,6 @@
 """Background services that keep the tables healthy, in one shape (``Service``): validated config,
 ``run_once()`` returning what it did, a jittered loop. Each runs in every worker (the outbox pruner in
-every relay), one at a time cluster-wide."""
+every relay), one at a time cluster-wide (the vacuumer skips a table being vacuumed)."""
 
 from .history import History
 from .outbox_pruner import OutboxPruner
@@ -8,5 +8,6 @@ from .pruner import Pruner
 from .rescuer import Rescuer
 from .scheduler import Scheduler
 from .service import Service
+from .vacuumer import Vacuumer
 
-__all__ = ["History", "OutboxPruner", "Pruner", "Rescuer", "Scheduler", "Service"]
+__all__ = ["History", "OutboxPruner", "Pruner", "Rescuer", "Scheduler", "Service", "Vacuumer"]

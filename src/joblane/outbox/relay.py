@@ -41,7 +41,7 @@ import asyncpg
 from .. import store, telemetry
 from ..errors import JoblaneError
 from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
-from ..maintenance import OutboxPruner
+from ..maintenance import OutboxPruner, Vacuumer
 from ..migrations import check_async
 from ..notifier import Notifier
 from ..rules import bounded_delay, bounded_text, plural, tally
@@ -110,6 +110,7 @@ class Relay:
         jitter: float = 0.2,
         retention_seconds: float = 7 * 86400.0,
         prune_interval: float = 60.0,
+        vacuum_interval: float = 10.0,
         name: str | None = None,
         connect_timeout: float = 60.0,
         pgbouncer: bool = False,
@@ -134,6 +135,8 @@ class Relay:
             raise JoblaneError("jitter must be in [0, 1)")
         if not summary_interval > 0:
             raise JoblaneError("summary_interval must be positive")
+        if not vacuum_interval >= 0:
+            raise JoblaneError("vacuum_interval must be >= 0 seconds (0 leaves vacuum to autovacuum)")
         self.app = app
         self.routes = routes
         self.batch_size = batch_size
@@ -159,6 +162,8 @@ class Relay:
         self.metrics: Any = None  # telemetry.RelayMetrics, set by telemetry.serve_relay_metrics
         self.store = app.store
         self.pruner = OutboxPruner(self.store, retention=retention_seconds, interval=prune_interval)
+        # vacuums the outbox when its dead row versions pile up between autovacuum's passes (0: autovacuum only)
+        self.vacuumer = Vacuumer(self.store, tables=("outbox",), interval=vacuum_interval) if vacuum_interval else None
         self._prefixes = [r.prefix for r in routes]
         self._ordered = [r.ordered for r in routes]
         self._sinks = list({id(r.sink): r.sink for r in routes}.values())
@@ -202,7 +207,7 @@ class Relay:
     async def _connect(self) -> asyncpg.Pool:
         try:
             options: dict = {"statement_cache_size": 0} if self.pgbouncer else {}
-            pool = await asyncpg.create_pool(self.app.dsn, min_size=1, max_size=self.concurrency + 2, **options,
+            pool = await asyncpg.create_pool(self.app.dsn, min_size=1, max_size=self.concurrency + 2 + (self.vacuumer is not None), **options,
                                              server_settings={"application_name": self.application_name})
         except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
             raise JoblaneError(f"cannot use the database: {describe(exc)}") from None
@@ -530,6 +535,9 @@ class Relay:
             background = [asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="outbox-pruner"),
                           asyncio.create_task(self._summaries(), name="outbox-summary"),
                           asyncio.create_task(self._registered(), name="outbox-registration")]
+            if self.vacuumer is not None:
+                background.append(asyncio.create_task(self.vacuumer.run(self._pool, self._stopping),
+                                                      name="outbox-vacuumer"))
             if self.listen:
                 notifier = Notifier(self.app.dsn, channel(self.app), {""}, self._wake.set,
                                     application_name=self.application_name)

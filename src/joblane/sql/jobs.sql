@@ -342,3 +342,23 @@ SELECT EXISTS (
 DELETE FROM {schema}.processes
  WHERE lease_until < now() - make_interval(secs => $1::float8)
 RETURNING name;
+
+-- name: vacuum_due
+-- Which of tables $2 in schema $1 hold at least $3 dead row versions and had no vacuum for $4 seconds, among those this role may vacuum.
+SELECT c.relname::text, s.n_dead_tup
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_stat_all_tables s ON s.relid = c.oid
+ WHERE n.nspname = $1 AND c.relname = ANY($2::text[]) AND c.relkind = 'r'
+   AND s.n_dead_tup >= $3
+   AND coalesce(greatest(s.last_autovacuum, s.last_vacuum), '-infinity') < now() - make_interval(secs => $4::float8)
+   AND pg_has_role(c.relowner, 'USAGE')
+ ORDER BY s.n_dead_tup DESC;
+
+-- name: vacuum_jobs
+-- Vacuum the jobs table, unless a vacuum (autovacuum or another worker's) holds it now.
+VACUUM (SKIP_LOCKED) {schema}.jobs;
+
+-- name: vacuum_outbox
+-- Vacuum the outbox table, unless a vacuum (autovacuum or another relay's) holds it now.
+VACUUM (SKIP_LOCKED) {schema}.outbox;

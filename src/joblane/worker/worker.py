@@ -4,7 +4,7 @@ Data flows one way: the producer (producer.py) leases jobs and the worker
 starts an executor (executor.py) per job; each executor returns an Outcome;
 the completer (completer.py) writes outcomes in bulk. No transaction is
 open while a task runs. Queue limits and pauses are the limiter's
-(limiter.py); the maintenance services (rescuer, pruner, scheduler) and the
+(limiter.py); the maintenance services (rescuer, pruner, vacuumer, history, scheduler) and the
 notifier run beside them.
 """
 
@@ -27,7 +27,7 @@ import asyncpg
 from .. import store, telemetry
 from ..errors import JoblaneError, SchemaVersionError
 from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
-from ..maintenance import History, Pruner, Rescuer, Scheduler
+from ..maintenance import History, Pruner, Rescuer, Scheduler, Vacuumer
 from ..migrations import check_async
 from ..notifier import Notifier
 from ..rules import check_queue, first_line, plural, tally
@@ -84,6 +84,7 @@ class Worker:
         retention_seconds: float = 7 * 86400.0,
         prune_failed: bool = False,
         prune_interval: float = 60.0,
+        vacuum_interval: float = 10.0,
         name: str | None = None,
         connect_timeout: float = 60.0,
         pgbouncer: bool = False,
@@ -102,6 +103,8 @@ class Worker:
             raise JoblaneError("stall_warning must be a positive number of seconds")
         if not unknown_kind_timeout >= 0:
             raise JoblaneError("unknown_kind_timeout must be >= 0 seconds")
+        if not vacuum_interval >= 0:
+            raise JoblaneError("vacuum_interval must be >= 0 seconds (0 leaves vacuum to autovacuum)")
         # Behind PgBouncer in transaction pooling: no named prepared statements
         # (asyncpg's statement cache off) and no LISTEN (it needs a session): poll.
         self.pgbouncer = bool(pgbouncer)
@@ -146,6 +149,8 @@ class Worker:
         self.rescuer = Rescuer(self.store, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
         self.pruner = Pruner(self.store, retention=retention_seconds, prune_failed=prune_failed,
                              interval=prune_interval)
+        # vacuums jobs when its dead row versions pile up between autovacuum's passes (0: autovacuum only)
+        self.vacuumer = Vacuumer(self.store, tables=("jobs",), interval=vacuum_interval) if vacuum_interval else None
         self.history = History(self.store)  # roll-ups of the attempts, for the dashboard's history page
         self.scheduler: Scheduler | None = None  # made at run() when the app has periodic schedules
 
@@ -188,9 +193,10 @@ class Worker:
             try:
                 options: dict = {"statement_cache_size": 0} if self.pgbouncer else {}
                 # Each claim loop and each completer flush holds a connection while
-                # its statement runs; the services share the rest.
+                # its statement runs; the services share the rest, and a vacuum
+                # (seconds long) has one of its own.
                 pool = await asyncpg.create_pool(self.app.dsn, min_size=3,
-                                                 max_size=4 + self.producer.claimers,
+                                                 max_size=4 + self.producer.claimers + (self.vacuumer is not None),
                                                  server_settings={"application_name": self.application_name},
                                                  reset=keep_session, **options)
                 async with pool.acquire() as conn:
@@ -372,6 +378,8 @@ class Worker:
             asyncio.create_task(self.history.run(self._pool, self._stopping), name="history"),
             asyncio.create_task(self.limiter.run(self._stopping), name="limiter"),
         ]
+        if self.vacuumer is not None:
+            background.append(asyncio.create_task(self.vacuumer.run(self._pool, self._stopping), name="vacuumer"))
         if self.app.periodic_tasks:  # every worker runs the scheduler; each tick is enqueued once
             self.scheduler = Scheduler(self.app)
             background.append(asyncio.create_task(self.scheduler.run(self._pool, self._stopping), name="scheduler"))
