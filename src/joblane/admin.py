@@ -173,7 +173,8 @@ def health(app: Any, conn: Any = None) -> dict[str, Any]:
         warnings.append("autovacuum is off: dead rows pile up and claims slow down at high rates; turn it on")
     for t in tables:
         if t["dead"] >= DEAD_MIN and t["dead"] > DEAD_SHARE * max(t["live"], 1):
-            hint = (f" (autovacuum looks every {naptime:g}s; set autovacuum_naptime = 10s for a busy queue)"
+            hint = (f" (autovacuum looks every {naptime:g}s: run the workers as the tables' owner, whose vacuumer"
+                    " keeps up, or set autovacuum_naptime = 10s)"
                     if autovacuum and naptime > BUSY_QUEUE_NAPTIME else "")
             warnings.append(f"{t['table']}: {t['dead']:,} dead row versions for {t['live']:,} live: "
                             f"vacuum is falling behind{hint}")

@@ -332,6 +332,12 @@ class _StaleCollector:
             yield GaugeMetricFamily("joblane_pruner_behind",
                                     "1 while the pruner has more history to delete than its last round took.",
                                     value=1.0 if pruner.behind else 0.0)
+        vacuumer = getattr(self.worker, "vacuumer", None)
+        if vacuumer is not None:
+            yield CounterMetricFamily("joblane_vacuums", "Vacuums of jobs this worker ran (dead row versions piled up).",
+                                      value=vacuumer.total)
+            yield CounterMetricFamily("joblane_vacuum_seconds", "Seconds this worker spent in those vacuums.",
+                                      value=vacuumer.seconds)
         yield CounterMetricFamily("joblane_event_loop_stalls",
                                   "Times a task blocked the worker's event loop for --stall-warning seconds or more.",
                                   value=self.worker.stats.get("loop_stalls", 0))

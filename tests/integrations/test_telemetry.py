@@ -228,3 +228,4 @@ async def test_prometheus_metrics_are_served(app, conn):
     assert 'joblane_job_duration_seconds_count{kind="ok",queue="default"} 2.0' in text
     assert "joblane_jobs_running 0.0" in text
     assert "joblane_completions_stale_total 0.0" in text
+    assert "joblane_vacuums_total 0.0" in text  # three jobs leave no dead rows worth a vacuum
