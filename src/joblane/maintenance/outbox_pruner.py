@@ -16,7 +16,7 @@ class OutboxPruner(Service):
     max_batches = 4  # per round: short transactions, many rounds when behind
     report_level = logging.DEBUG
 
-    def __init__(self, store: Store, *, retention: float, interval: float = 60.0, batch: int = 5000, **kw: Any):
+    def __init__(self, store: Store, *, retention: float, interval: float = 10.0, batch: int = 5000, **kw: Any):
         super().__init__(store, interval=interval, **kw)
         if retention < 0:
             raise ValueError("outbox pruner: retention must be >= 0 seconds")

@@ -25,7 +25,7 @@ class Pruner(Service):
     report_level = logging.DEBUG
 
     def __init__(self, store: Store, *, retention: float = 7 * 86400.0, prune_failed: bool = False,
-                 interval: float = 60.0, batch: int = 5000, **kw: Any):
+                 interval: float = 10.0, batch: int = 5000, **kw: Any):
         super().__init__(store, interval=interval, **kw)
         if retention < 0:
             raise ValueError("pruner: retention must be >= 0 seconds")

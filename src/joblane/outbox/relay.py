@@ -109,7 +109,7 @@ class Relay:
         listen: bool = True,
         jitter: float = 0.2,
         retention_seconds: float = 7 * 86400.0,
-        prune_interval: float = 60.0,
+        prune_interval: float = 10.0,
         vacuum_interval: float = 10.0,
         name: str | None = None,
         connect_timeout: float = 60.0,

@@ -83,7 +83,7 @@ class Worker:
         rescue_interval: float | None = None,
         retention_seconds: float = 7 * 86400.0,
         prune_failed: bool = False,
-        prune_interval: float = 60.0,
+        prune_interval: float = 10.0,
         vacuum_interval: float = 10.0,
         name: str | None = None,
         connect_timeout: float = 60.0,
