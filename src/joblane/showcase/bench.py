@@ -371,7 +371,7 @@ def relay(dsn: str, rows: int = 20_000, *, sink: str = "http", batch_size: int =
                 cleanup.append(lambda: (server.terminate(), server.wait(10)))
                 _wait_for_port(port)
                 batch = 100 if sink == "http batch" else None
-                app.route("bench.", HttpSink(f"http://127.0.0.1:{port}/hook", concurrency=8, batch=batch))
+                app.route("bench.", HttpSink(f"http://127.0.0.1:{port}/hook", batch=batch))
             elif sink == "nats":
                 from ..outbox.sinks import NatsSink
 

@@ -2,7 +2,7 @@
 
 Each sink imports its client library only when it is used, so
 ``joblane.outbox.sinks`` needs none of them installed:
-``HttpSink`` (httpx), ``NatsSink`` (nats-py), ``RabbitMQSink`` (aio-pika),
+``HttpSink`` (aiohttp), ``NatsSink`` (nats-py), ``RabbitMQSink`` (aio-pika),
 ``RedisStreamSink`` (redis), ``KafkaSink`` (confluent-kafka).
 """
 

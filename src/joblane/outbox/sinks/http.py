@@ -1,10 +1,13 @@
-"""HTTP webhooks (httpx): the idempotency key travels in the ``Idempotency-Key`` header.
+"""HTTP webhooks (aiohttp): the idempotency key travels in the ``Idempotency-Key`` header.
 
 2xx is delivered; 408, 429 and 5xx are retried, honouring ``Retry-After``;
 any other status fails the row at once, with the response in ``last_error``.
 
-One ``httpx.AsyncClient`` per sink keeps its connections alive between
+One ``aiohttp.ClientSession`` per sink keeps its connections alive between
 batches; a batch's requests go out together, up to ``concurrency`` at once.
+(aiohttp rather than httpx: against a local receiver that answers at once,
+httpx's AsyncClient made 640 requests/s one at a time and fewer as more
+were in flight; aiohttp made 6,300/s with 8 in flight, docs/benchmarks.md.)
 A receiver that takes many messages in one request can opt in with
 ``batch=N``: up to N messages to the same URL travel as one JSON array, each
 element carrying its own ``idempotency_key`` (see ``HttpSink``).
@@ -16,10 +19,9 @@ import asyncio
 import datetime as dt
 import email.utils
 import json
-import socket
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, NamedTuple, Sequence
 
-import httpx
+import aiohttp
 
 from ..message import Delivery, Message, describe
 from .base import Sink, standard_headers
@@ -46,12 +48,29 @@ def retry_after_seconds(value: str | None) -> float | None:
     return max(0.0, (when - dt.datetime.now(dt.timezone.utc)).total_seconds())
 
 
-def classify(response: httpx.Response) -> Delivery:
-    code = response.status_code
+class Answer(NamedTuple):
+    """What the receiver answered: status, reason phrase, headers and body."""
+
+    status: int
+    reason: str
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+async def read_answer(response: aiohttp.ClientResponse) -> Answer:
+    return Answer(response.status, response.reason or "", response.headers, await response.read())
+
+
+def classify(response: Answer) -> Delivery:
+    code = response.status
     if 200 <= code < 300:
         return Delivery.sent()
     text = " ".join(response.text[:ERROR_BODY].split())
-    error = f"HTTP {code} {response.reason_phrase}" + (f": {text}" if text else "")
+    error = f"HTTP {code} {response.reason}" + (f": {text}" if text else "")
     if code in RETRYABLE or code >= 500:
         return Delivery.retry(error, after=retry_after_seconds(response.headers.get("Retry-After")))
     return Delivery.failed(error)
@@ -67,7 +86,7 @@ def _judge_status(code: int, error: str | None, retry_after: float | None) -> De
     return Delivery.failed(text)
 
 
-def classify_batch(response: httpx.Response, count: int) -> list[Delivery]:
+def classify_batch(response: Answer, count: int) -> list[Delivery]:
     """The answer to a batch POST of ``count`` messages, one ``Delivery`` each, in order.
 
     A non-2xx status applies to every message of the request. A 2xx answer
@@ -76,12 +95,12 @@ def classify_batch(response: httpx.Response, count: int) -> list[Delivery]:
     ``error`` and ``retry_after`` (seconds). Any other 2xx body means all
     were taken.
     """
-    if not 200 <= response.status_code < 300:
+    if not 200 <= response.status < 300:
         return [classify(response)] * count
     answers = None
-    if response.content.lstrip()[:1] == b"[":
+    if response.body.lstrip()[:1] == b"[":
         try:
-            answers = json.loads(response.content)
+            answers = json.loads(response.body)
         except ValueError:
             answers = None
     if not isinstance(answers, list):
@@ -110,8 +129,8 @@ def classify_batch(response: httpx.Response, count: int) -> list[Delivery]:
 def explain(exc: BaseException) -> str:
     """``describe(exc)``, with the root cause when the client's own text hides it.
 
-    httpx says ``ConnectError: All connection attempts failed`` for a refused
-    connection; the ``ConnectionRefusedError`` underneath is what to fix.
+    A refused connection's ``ConnectionRefusedError`` (what to fix) sits
+    under the client's own ``ClientConnectorError``.
     """
     text = describe(exc)
     root, seen = exc, {id(exc)}
@@ -142,6 +161,10 @@ class HttpSink(Sink):
     ``{"status", "error", "retry_after"}`` per message, in order: then only
     the messages it refused are retried or failed. ``concurrency`` requests
     are in flight at once either way.
+
+    ``session`` is an ``aiohttp.ClientSession`` of your own (proxies, TLS,
+    auth); the sink then neither makes nor closes one. ``timeout`` bounds
+    each request, connecting included, in seconds.
     """
 
     name = "http"
@@ -156,15 +179,16 @@ class HttpSink(Sink):
         concurrency: int = 32,
         find_url: Callable[[Message], str] | None = None,
         find: Callable[[Message], Awaitable[bool]] | None = None,
-        client: httpx.AsyncClient | None = None,
+        session: aiohttp.ClientSession | None = None,
         batch: int | None = None,
-        **client_options: Any,
     ):
         super().__init__(find=find)
         if concurrency < 1:
             raise ValueError("HttpSink: concurrency must be at least 1")
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
             raise ValueError("HttpSink: batch must be a positive integer (messages per request) or None")
+        if not timeout > 0:
+            raise ValueError("HttpSink: timeout must be a positive number of seconds")
         self.batch = batch
         self.url = url
         self.method = method.upper()
@@ -172,9 +196,8 @@ class HttpSink(Sink):
         self.timeout = timeout
         self.concurrency = concurrency
         self.find_url = find_url
-        self._client = client
-        self._own_client = client is None
-        self._client_options = client_options
+        self._session = session
+        self._own_session = session is None
         self._limit = asyncio.Semaphore(concurrency)
 
     @property
@@ -182,27 +205,37 @@ class HttpSink(Sink):
         return self.find_url is not None or self._find is not None
 
     async def open(self) -> None:
-        if self._client is None:
-            options = dict(self._client_options)
-            if "transport" not in options:
-                # A request's headers and body leave in separate writes; without
-                # TCP_NODELAY the body can wait for the server's delayed ACK.
-                options["transport"] = httpx.AsyncHTTPTransport(
-                    limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
-                    socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-                )
-            self._client = httpx.AsyncClient(timeout=self.timeout, **options)
+        if self._session is None:
+            # keep-alive connections, at most ``concurrency`` of them (TCP_NODELAY is aiohttp's default)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.concurrency),
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                # a header the caller gave is sent as given; no cookies kept between messages
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+
+    async def session(self) -> aiohttp.ClientSession:
+        """The sink's session, opened on first use (for read-back hooks that make requests of their own)."""
+        if self._session is None:
+            await self.open()
+        return self._session  # type: ignore[return-value]
 
     async def close(self) -> None:
-        if self._client is not None and self._own_client:
-            await self._client.aclose()
-            self._client = None
+        if self._session is not None and self._own_session:
+            await self._session.close()
+            self._session = None
 
     def request_for(self, message: Message) -> tuple[str, str, dict[str, str]]:
         """(method, url, headers) of the request that delivers ``message``."""
         url = self.url(message) if callable(self.url) else self.url.format(topic=message.topic, key=message.key or "")
         headers = {"Content-Type": "application/json", **self.headers, **standard_headers(message, "Idempotency-Key")}
         return self.method, url, headers
+
+    async def _request(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> Answer:
+        session = await self.session()
+        # a redirect is the receiver's answer, not followed: a 3xx fails the row with its Location in view
+        async with session.request(method, url, data=body, headers=headers, allow_redirects=False) as response:
+            return await read_answer(response)
 
     async def _one(self, message: Message) -> Delivery:
         try:
@@ -211,16 +244,14 @@ class HttpSink(Sink):
             return Delivery.failed(f"cannot build the request: {describe(exc)}")
         async with self._limit:
             try:
-                response = await self._client.request(method, url, content=message.body, headers=headers)
-            except UnicodeEncodeError as exc:
-                return Delivery.failed(f"a header is not ASCII: {describe(exc)}")
-            except httpx.HTTPError as exc:
+                answer = await self._request(method, url, message.body, headers)
+            except (UnicodeEncodeError, aiohttp.InvalidURL, ValueError) as exc:
+                return Delivery.failed(_unsendable(exc))
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 return Delivery.retry(f"{method} {url}: {explain(exc)}")
-        return classify(response)
+        return classify(answer)
 
     async def send(self, messages: Sequence[Message]) -> list[Delivery]:
-        if self._client is None:
-            await self.open()
         if self.batch is None:
             return list(await asyncio.gather(*(self._one(m) for m in messages)))
         results: list[Delivery | None] = [None] * len(messages)
@@ -257,22 +288,28 @@ class HttpSink(Sink):
         headers = {"Content-Type": "application/json", **self.headers, "Joblane-Batch": str(len(messages))}
         async with self._limit:
             try:
-                response = await self._client.request(method, url, content=self.batch_body(messages),
-                                                       headers=headers)
-            except UnicodeEncodeError as exc:
-                return [Delivery.failed(f"a header is not ASCII: {describe(exc)}")] * len(messages)
-            except httpx.HTTPError as exc:
+                answer = await self._request(method, url, self.batch_body(messages), headers)
+            except (UnicodeEncodeError, aiohttp.InvalidURL, ValueError) as exc:
+                return [Delivery.failed(_unsendable(exc))] * len(messages)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 return [Delivery.retry(f"{method} {url}: {explain(exc)}")] * len(messages)
-        return classify_batch(response, len(messages))
+        return classify_batch(answer, len(messages))
 
     async def find(self, message: Message) -> bool:
         if self.find_url is None:
             return await super().find(message)
-        if self._client is None:
-            await self.open()
-        response = await self._client.get(self.find_url(message), headers={"Idempotency-Key": message.idempotency_key})
-        if response.status_code == 404:
+        session = await self.session()
+        async with session.get(self.find_url(message), headers={"Idempotency-Key": message.idempotency_key}) as r:
+            status = r.status
+        if status == 404:
             return False
-        if 200 <= response.status_code < 300:
+        if 200 <= status < 300:
             return True
-        raise RuntimeError(f"read-back answered HTTP {response.status_code}")
+        raise RuntimeError(f"read-back answered HTTP {status}")
+
+
+def _unsendable(exc: BaseException) -> str:
+    """Why a request could not be sent at all (retrying would not help)."""
+    if isinstance(exc, UnicodeEncodeError):
+        return f"a header is not ASCII: {describe(exc)}"
+    return f"cannot send the request: {describe(exc)}"

@@ -21,11 +21,12 @@ class CrmSink(HttpSink):
         super().__init__(f"{self.base_url}/contacts", find=self.contact_exists, timeout=10.0, **options)
 
     async def contact_exists(self, message: Message) -> bool:
-        if self._client is None:
-            await self.open()
-        response = await self._client.get(f"{self.base_url}/contacts", params={"email": message.payload["email"]})
-        response.raise_for_status()  # an error here keeps the row waiting: never re-send blind
-        return any(c.get("external_id") == message.idempotency_key for c in response.json()["contacts"])
+        session = await self.session()
+        # raise_for_status: an error here keeps the row waiting, never re-send blind
+        async with session.get(f"{self.base_url}/contacts", params={"email": message.payload["email"]},
+                               raise_for_status=True) as response:
+            found = (await response.json())["contacts"]
+        return any(c.get("external_id") == message.idempotency_key for c in found)
 
     def __repr__(self) -> str:
         return f"<CrmSink {self.base_url}>"
