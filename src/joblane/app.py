@@ -235,19 +235,24 @@ class App:
         if after is not None or batch is not None:
             return self._enqueue_flow(conn, kind, args, replay_of, after, on_parent_failure, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:  # headers: the trace context, or None
-            rows = store.fetch(conn, self.store.enqueue(*args, replay_of, notify, self.channel, headers),
+            rows = store.fetch(conn, self._enqueue_statement(args, replay_of, notify, headers),
                                prepare=self.prepare)
         if rows:
             return rows[0][0]
         return store.fetch(conn, self.store.unfinished_by_unique_key(unique_key))[0][0]
+
+    def _enqueue_statement(self, args: list[Any], replay_of: int | None, notify: bool, headers: str | None) -> Any:
+        """The statement inserting one job of ``enqueue.prepare``'s args: a plain insert when it has no unique key."""
+        if args[7] is None:
+            return self.store.enqueue_plain(*args[:7], args[8], replay_of, notify, self.channel, headers)
+        return self.store.enqueue(*args, replay_of, notify, self.channel, headers)
 
     def _enqueue_flow(self, conn: Any, kind: str, args: list[Any], replay_of: int | None, after: Any,
                       policy: str | None, batch: Any) -> int:
         """``enqueue`` of a job with parents or a batch: insert (waiting, when it has parents), then link."""
         parents, policy, notify = flows.check_enqueue(args, after, policy, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:
-            rows = store.fetch(conn, self.store.enqueue(*args, replay_of, notify and self.notify, self.channel,
-                                                        headers))
+            rows = store.fetch(conn, self._enqueue_statement(args, replay_of, notify and self.notify, headers))
         job_id = rows[0][0] if rows else store.fetch(conn, self.store.unfinished_by_unique_key(args[7]))[0][0]
         if parents is not None:
             store.fetch(conn, flows.link_statement(self, [job_id], [parents], [policy]))
@@ -281,7 +286,7 @@ class App:
         if after is not None or batch is not None:
             return await self._enqueue_flow_async(conn, kind, args, replay_of, after, on_parent_failure, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:  # headers: the trace context, or None
-            rows = await store.fetch_async(conn, self.store.enqueue(*args, replay_of, notify, self.channel, headers),
+            rows = await store.fetch_async(conn, self._enqueue_statement(args, replay_of, notify, headers),
                                            prepare=self.prepare)
         if rows:
             return rows[0][0]
@@ -292,8 +297,8 @@ class App:
         """``_enqueue_flow`` on a psycopg AsyncConnection or an asyncpg connection."""
         parents, policy, notify = flows.check_enqueue(args, after, policy, batch)
         with telemetry.enqueue_span(kind, args[0]) as headers:
-            rows = await store.fetch_async(conn, self.store.enqueue(*args, replay_of, notify and self.notify,
-                                                                    self.channel, headers))
+            statement = self._enqueue_statement(args, replay_of, notify and self.notify, headers)
+            rows = await store.fetch_async(conn, statement)
         if not rows:
             rows = await store.fetch_async(conn, self.store.unfinished_by_unique_key(args[7]))
         job_id = rows[0][0]

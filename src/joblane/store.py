@@ -199,6 +199,11 @@ class Store:
         return self._s("enqueue", queue, kind, payload_json, priority, max_attempts, run_after, delay, unique_key,
                        state, replay_of, notify, channel, headers_json)
 
+    def enqueue_plain(self, queue, kind, payload_json, priority, max_attempts, run_after, delay, state, replay_of,
+                      notify, channel, headers_json) -> Statement:
+        return self._s("enqueue_plain", queue, kind, payload_json, priority, max_attempts, run_after, delay, state,
+                       replay_of, notify, channel, headers_json)
+
     def unfinished_by_unique_key(self, unique_key) -> Statement:
         return self._s("unfinished_by_unique_key", unique_key)
 
