@@ -14,7 +14,7 @@ Three roles:
 
 Run the statements as a superuser or the current owner, after
 ``joblane migrate`` (GRANT names tables that must exist) and again after an
-upgrade that adds tables.
+upgrade that adds tables or functions.
 """
 
 from __future__ import annotations
@@ -64,17 +64,18 @@ TABLES: dict[str, tuple[str, str]] = {
     "signals":        ("",                                                       "SELECT, DELETE"),
 }
 
-# Functions of the schema (SECURITY DEFINER: they run as the schema's owner, and
-# EXECUTE is revoked from PUBLIC) each role may call: the SQL API and the
-# workflow steps of enqueue (after=, batches) and signal; the worker also parks
-# the jobs whose task raised WaitFor. The rest are internal (the trigger's).
+# Functions of the schema (EXECUTE is revoked from PUBLIC) each role may call:
+# insert_job, behind App.enqueue (it runs with the caller's privileges); the SQL
+# API and the workflow steps of enqueue (after=, batches) and signal (SECURITY
+# DEFINER: they run as the schema's owner); the worker also parks the jobs
+# whose task raised WaitFor. The rest are internal (the trigger's).
 FUNCTIONS: dict[str, tuple[str, ...]] = {
-    "app": ("enqueue", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch"),
-    "worker": ("enqueue", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch", "park_jobs"),
+    "app": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch"),
+    "worker": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch", "park_jobs"),
 }
 # every function the migrations create, which the admin role owns
-ALL_FUNCTIONS = ("add_to_batch", "batch_job_finished", "enqueue", "finish_batch", "jobs_channel", "jobs_flow",
-                 "link_jobs", "park_jobs", "publish", "release_children", "seal_batch", "signal")
+ALL_FUNCTIONS = ("add_to_batch", "batch_job_finished", "enqueue", "finish_batch", "insert_job", "jobs_channel",
+                 "jobs_flow", "link_jobs", "park_jobs", "publish", "release_children", "seal_batch", "signal")
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).
 SEQUENCES: dict[str, tuple[str, ...]] = {

@@ -22,18 +22,13 @@ SELECT id, CASE WHEN $11::bool THEN pg_notify($12, queue)::text END AS notified
   FROM inserted;
 
 -- name: enqueue_plain
--- ``enqueue`` of a job without a unique key: the same row and the same wake-up, as a plain insert.
+-- ``enqueue`` of a job without a unique key: the same row and the same wake-up, through insert_job.
 --
--- With no key there is nothing to conflict on, so no ON CONFLICT arbiter
--- (a speculative insert and its confirmation record) and no CTE: about a
--- tenth of a millisecond less per call, which is most of a one-job
--- transaction's time on the server. $12 is the trace context.
-INSERT INTO {schema}.jobs
-       (queue, kind, payload, priority, max_attempts, run_after, state, replay_of, headers)
-VALUES ($1, $2, $3::text::jsonb, $4, $5,
-        coalesce($6::timestamptz, now()) + make_interval(secs => $7::float8),
-        $8, $9, $12::text::jsonb)
-RETURNING id, CASE WHEN $10::bool THEN pg_notify($11, queue)::text END AS notified;
+-- With no key there is nothing to conflict on, so no ON CONFLICT arbiter (a
+-- speculative insert and its confirmation record) and no CTE; the function
+-- keeps its INSERT's plan for the session, so the unprepared call is cheap to
+-- plan (migration 0007). $12 is the trace context.
+SELECT {schema}.insert_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
 
 -- name: unfinished_by_unique_key
 -- The unfinished job holding a unique_key (after enqueue skipped a duplicate).

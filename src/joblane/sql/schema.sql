@@ -413,6 +413,24 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION {schema}.insert_job(p_queue text, p_kind text, p_payload text, p_priority integer, p_max_attempts integer, p_run_after timestamp with time zone, p_delay double precision, p_state text, p_replay_of bigint, p_notify boolean, p_channel text, p_headers text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    new_id bigint;
+BEGIN
+    INSERT INTO {schema}.jobs (queue, kind, payload, priority, max_attempts, run_after, state, replay_of, headers)
+    VALUES (p_queue, p_kind, p_payload::jsonb, p_priority, p_max_attempts,
+            coalesce(p_run_after, now()) + make_interval(secs => p_delay), p_state, p_replay_of, p_headers::jsonb)
+    RETURNING id INTO new_id;
+    IF p_notify THEN
+        PERFORM pg_notify(p_channel, p_queue);
+    END IF;
+    RETURN new_id;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION {schema}.jobs_channel()
  RETURNS text
  LANGUAGE sql
