@@ -197,7 +197,8 @@ def main() -> None:
                   "request per message and, opted in, 100 messages per request; to NATS JetStream beside the bare",
                   "nats-py client publishing as many messages of the same size, pipelined, in the same run);",
                   "f: workload c with jobs waiting in the same queue (scheduled later, so the claim walks the",
-                  "partial index past nothing); g: 8 threads enqueueing one job per transaction, with and without",
+                  "partial index past nothing), and with 10,000,000 finished jobs in history beside none; "
+                  "g: 8 threads enqueueing one job per transaction, with and without",
                   "the wake-up notification.", "",
                   "`python -m joblane bench -w f -w g --json > benchmarks/extra.jsonl` and "
                   "`python -m joblane bench -w e --jobs 10000 --json >> benchmarks/extra.jsonl`", "",
