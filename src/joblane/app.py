@@ -72,7 +72,8 @@ class App:
         self.debounce = enqueue.Debounce(notify_debounce)  # which enqueues notify (enqueue.Debounce)
         # Statements on the caller's connection are never server-prepared unless asked: behind PgBouncer in
         # transaction pooling a prepared statement does not survive the transaction. On a direct connection
-        # prepare=True lets psycopg prepare enqueue and publish (about 15 % more single enqueues a second).
+        # prepare=True lets psycopg prepare enqueue and publish; a job without a unique key gains little from it,
+        # since its enqueue calls insert_job, whose INSERT keeps its plan in the server session anyway.
         self.prepare = bool(prepare)
         self.tasks: dict[str, Task] = {}
         # kinds this process enqueues but does not run (app.declare): their defaults, no function

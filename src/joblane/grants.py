@@ -14,7 +14,7 @@ Three roles:
 
 Run the statements as a superuser or the current owner, after
 ``joblane migrate`` (GRANT names tables that must exist) and again after an
-upgrade that adds tables or functions.
+upgrade that adds tables.
 """
 
 from __future__ import annotations
@@ -64,10 +64,11 @@ TABLES: dict[str, tuple[str, str]] = {
     "signals":        ("",                                                       "SELECT, DELETE"),
 }
 
-# Functions of the schema (EXECUTE is revoked from PUBLIC) each role may call:
-# insert_job, behind App.enqueue (it runs with the caller's privileges); the SQL
-# API and the workflow steps of enqueue (after=, batches) and signal (SECURITY
-# DEFINER: they run as the schema's owner); the worker also parks the jobs
+# Functions of the schema each role may call: insert_job, behind App.enqueue
+# (it runs with the caller's privileges, and PUBLIC may call it: the grant is
+# spelled out for reviewers); the SQL API and the workflow steps of enqueue
+# (after=, batches) and signal (SECURITY DEFINER: they run as the schema's
+# owner, and EXECUTE is revoked from PUBLIC); the worker also parks the jobs
 # whose task raised WaitFor. The rest are internal (the trigger's).
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "app": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch"),

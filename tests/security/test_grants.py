@@ -259,3 +259,26 @@ def test_app_role_runs_workflows_through_the_functions_only(app, conn, joblane_d
             assert denied(c, sql), sql
     assert app.get_job(child, conn)["state"] == "waiting" and sql_id > child
     assert app.batch_progress(batch.id, conn)["sealed_at"] is not None
+
+
+def test_insert_job_needs_no_grant_of_its_own_and_gives_none(app, conn, joblane_dsn, make_role):
+    """insert_job runs as its caller: a role granted before schema version 7 (no EXECUTE on it) keeps
+    enqueueing, and a role without INSERT on jobs cannot insert through it."""
+    s = quote_ident(app.schema)
+    signature = f"{s}.insert_job(text, text, text, integer, integer, timestamptz, double precision, text, bigint," \
+                " boolean, text, text)"
+    before = make_role("app")
+    apply(conn, "app", before, app.schema)
+    conn.execute(f'REVOKE EXECUTE ON FUNCTION {signature} FROM "{before}"')  # what a version-6 grant lacked
+    outsider = make_role("app")
+    conn.execute(f'GRANT USAGE ON SCHEMA {s} TO "{outsider}"')
+    call = f"SELECT {s}.insert_job('default', 'echo', '{{}}', 0, 1, NULL, 0, 'pending', NULL, false, 'x', NULL)"
+    with psycopg.connect(joblane_dsn, autocommit=True) as c:
+        c.execute(f'SET ROLE "{before}"')
+        job = app.enqueue(c, "echo", {"n": 1})
+        c.execute(f'SET ROLE "{outsider}"')
+        assert denied(c, call)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.enqueue(c, "echo", {"n": 2})
+    assert app.get_job(job, conn)["state"] == "pending"
+    assert count(conn, app, "true") == 1

@@ -9,10 +9,13 @@
 -- itself is cheap to plan, and one job per transaction gets about a fifth
 -- faster on a direct connection and behind PgBouncer alike.
 --
--- It runs with the caller's privileges (no SECURITY DEFINER): it can insert
--- only what the caller could insert itself, and the application role needs
--- EXECUTE on it beside INSERT on jobs (`joblane grants app`). It checks
--- nothing: the Python side validated every value, as for the INSERT it replaces.
+-- It runs with the caller's privileges (no SECURITY DEFINER): it inserts only
+-- what the caller could insert itself, with INSERT on jobs and SELECT on its id
+-- (`joblane grants --role app`). So, unlike the SECURITY DEFINER functions of
+-- version 6, EXECUTE stays granted to PUBLIC: it gives nobody anything, and a
+-- role granted before this version keeps enqueueing after the upgrade. It
+-- checks nothing: the Python side validated every value, as for the INSERT it
+-- replaces.
 CREATE FUNCTION {schema}.insert_job(
     p_queue text, p_kind text, p_payload text, p_priority integer, p_max_attempts integer,
     p_run_after timestamptz, p_delay double precision, p_state text, p_replay_of bigint,
@@ -32,6 +35,3 @@ BEGIN
     RETURN new_id;
 END
 $$;
-
-REVOKE ALL ON FUNCTION {schema}.insert_job(text, text, text, integer, integer, timestamptz, double precision, text,
-                                           bigint, boolean, text, text) FROM PUBLIC;
