@@ -120,8 +120,14 @@ SELECT id, state FROM {schema}.jobs WHERE id = ANY($1::bigint[]);
 
 -- name: unfinished_count
 -- How many jobs of queues $1 are ready now or running (joblane.testing.drain waits for none).
+--
+-- "Ready now" is clock_timestamp(), read after the statement's snapshot, not
+-- now(): a retry written with no delay by a transaction that began after
+-- this statement's transaction (but committed before its snapshot) has a
+-- run_after later than now(); against now() it would count as neither ready
+-- nor running, and drain would return before running it.
 SELECT count(*) FROM {schema}.jobs
- WHERE (state = 'pending' AND run_after <= now() AND queue = ANY($1::text[])) OR state = 'running';
+ WHERE (state = 'pending' AND run_after <= clock_timestamp() AND queue = ANY($1::text[])) OR state = 'running';
 
 -- name: jobs_of_kind
 -- Ids and payloads of the jobs of kind $1 in state $2, oldest first (joblane.testing.assert_enqueued).
