@@ -6,8 +6,9 @@
 -- transaction), so a plain INSERT is parsed, rewritten and planned on every
 -- call. A PL/pgSQL function keeps the plan of its INSERT for the session on
 -- the server, with no prepared statement the pooler could lose: the call
--- itself is cheap to plan, and one job per transaction gets about a fifth
--- faster on a direct connection and behind PgBouncer alike.
+-- itself is cheap to plan, and one job per transaction runs 12-14 % faster
+-- than the plain unprepared INSERT (as fast as a prepared one), on a direct
+-- connection and behind PgBouncer alike.
 --
 -- It runs with the caller's privileges (no SECURITY DEFINER): it inserts only
 -- what the caller could insert itself, with INSERT on jobs and SELECT on its id
