@@ -85,6 +85,38 @@ def test_catalogue_parser_rejects_missing_description():
         parse("-- name: a\n-- one\nSELECT 1;\n-- name: a\n-- two\nSELECT 2;\n")
 
 
+CLAIM_ARGS = {"p_queues": "$1::text[]", "p_limit": "$2::int", "p_worker": "$3::text",
+              "p_lease_seconds": "$4::float8"}
+
+
+def claim_statement(conn, schema: str) -> str:
+    """The statement inside the claim_jobs function, as the database holds it, with $1-$4 for its arguments."""
+    [(source, settings)] = conn.execute(
+        "SELECT prosrc, proconfig FROM pg_proc WHERE oid = to_regprocedure(%s)",
+        (f"{quote_ident(schema)}.claim_jobs(text[], integer, text, double precision)",)).fetchall()
+    assert settings == ["plan_cache_mode=force_generic_plan"], settings
+    statement = source.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
+    for name, placeholder in CLAIM_ARGS.items():
+        statement = statement.replace(name, placeholder)
+    return statement
+
+
+def claim_plans(conn, schema: str, queues: list[str], claim: int) -> dict[str, str]:
+    """EXPLAIN of the claim: the plan made for these arguments, and the generic plan the function keeps."""
+    statement = claim_statement(conn, schema)
+    custom = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + statement, [queues, claim, "w", 30.0]))
+    cur = psycopg.ClientCursor(conn)
+    with conn.transaction():
+        cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cur.execute("PREPARE claim_probe(text[], int, text, float8) AS " + statement)
+        try:
+            cur.execute("EXPLAIN EXECUTE claim_probe(%s, %s, %s, %s)", (queues, claim, "w", 30.0))
+            generic = "\n".join(r[0] for r in cur.fetchall())
+        finally:
+            cur.execute("DEALLOCATE claim_probe")
+    return {"custom": custom, "generic": generic}
+
+
 def test_claim_reads_the_partial_index(joblane_dsn, joblane_schema):
     """The claim must walk jobs_ready, not scan or sort the table, however many jobs wait."""
     app = joblane.App(joblane_dsn, schema=joblane_schema)
@@ -96,10 +128,31 @@ def test_claim_reads_the_partial_index(joblane_dsn, joblane_schema):
             " CASE WHEN i % 4 = 0 THEN NULL ELSE now() END FROM generate_series(1, 20000) i"
         )
         conn.execute(f"ANALYZE {jobs}")
-        plan = run_sql(conn, "EXPLAIN " + app.queries.claim_jobs, [["q0", "q1"], 10, "w", 30.0])
-        text = "\n".join(r[0] for r in plan)
-        assert "jobs_ready" in text, text
-        assert "Seq Scan" not in text and "Sort Key: j.priority" not in text.split("Limit")[-1], text
+        for mode, text in claim_plans(conn, joblane_schema, ["q0", "q1"], 10).items():
+            assert "jobs_ready" in text, (mode, text)
+            assert "Seq Scan on jobs" not in text, (mode, text)
+            assert "Sort Key: j.priority" not in text.split("Limit")[-1], (mode, text)
+
+
+def test_the_claim_function_is_the_claim_the_worker_sends(joblane_dsn, joblane_schema):
+    """The named query claim_jobs calls the function, and the function claims in order, pauses honoured."""
+    app = joblane.App(joblane_dsn, schema=joblane_schema)
+    assert f"{quote_ident(joblane_schema)}.claim_jobs(" in app.queries.claim_jobs
+    with app.connect() as conn:
+        jobs = quote_ident(joblane_schema) + ".jobs"
+        conn.execute(f"INSERT INTO {jobs} (queue, kind, payload, priority) VALUES"
+                     " ('a', 'k', '{\"n\": 1}', 1), ('a', 'k', '{\"n\": 2}', 0), ('b', 'k', '{}', 0),"
+                     " ('paused', 'k', '{}', 0)")
+        conn.execute(f"INSERT INTO {quote_ident(joblane_schema)}.queue_pauses (queue, until)"
+                     " VALUES ('paused', now() + interval '1 hour')")
+        conn.commit()
+        [first] = run_sql(conn, app.queries.claim_jobs, [["a", "paused"], 1, "w-1", 30.0])
+        assert (first[1], first[3], first[4]) == ("a", '{"n": 2}', 1)  # priority 0 before 1; attempts counted
+        rows = run_sql(conn, app.queries.claim_jobs, [["a", "paused"], 5, "w-2", 30.0])
+        assert [(r[1], r[3], r[4]) for r in rows] == [("a", '{"n": 1}', 1)]  # the paused queue gives nothing
+        states = conn.execute(f"SELECT queue, state, worker, lease_until > now() FROM {jobs} ORDER BY id").fetchall()
+        assert states == [("a", "running", "w-2", True), ("a", "running", "w-1", True), ("b", "pending", None, None),
+                          ("paused", "pending", None, None)]
 
 
 @pytest.mark.parametrize("claim", [1, 10, 50, 200, 500])
@@ -107,14 +160,15 @@ def test_the_claim_stays_an_index_scan_with_a_million_jobs_waiting(million_pendi
     """PGMQ's trap: a plan that flips to a sequential scan or a hash join once the backlog is large.
 
     With 1,000,000 pending jobs (and finished ones beside them), every claim
-    size walks jobs_ready per queue and updates through the primary key.
+    size walks jobs_ready per queue and updates through the primary key: the
+    plan made for the arguments, and the generic plan the claim_jobs function
+    keeps for the session.
     """
     app, conn = million_pending
-    plan = run_sql(conn, "EXPLAIN " + app.queries.claim_jobs, [["q0", "q1"], claim, "w", 30.0])
-    text = "\n".join(r[0] for r in plan)
-    assert "jobs_ready" in text and "jobs_pkey" in text, text
-    assert "Seq Scan" not in text and "Hash" not in text, text
-    assert "Sort Key: j.priority" not in text.split("Limit")[-1], text  # no sort of the queue's backlog
+    for mode, text in claim_plans(conn, app.schema, ["q0", "q1"], claim).items():
+        assert "jobs_ready" in text and "jobs_pkey" in text, (mode, text)
+        assert "Seq Scan on jobs" not in text and "Hash" not in text, (mode, text)
+        assert "Sort Key: j.priority" not in text.split("Limit")[-1], (mode, text)  # no sort of the backlog
 
 
 @pytest.fixture(scope="module")

@@ -64,19 +64,21 @@ TABLES: dict[str, tuple[str, str]] = {
     "signals":        ("",                                                       "SELECT, DELETE"),
 }
 
-# Functions of the schema each role may call: insert_job, behind App.enqueue
-# (it runs with the caller's privileges, and PUBLIC may call it: the grant is
-# spelled out for reviewers); the SQL API and the workflow steps of enqueue
-# (after=, batches) and signal (SECURITY DEFINER: they run as the schema's
-# owner, and EXECUTE is revoked from PUBLIC); the worker also parks the jobs
-# whose task raised WaitFor. The rest are internal (the trigger's).
+# Functions of the schema each role may call: insert_job, behind App.enqueue,
+# and claim_jobs, the worker's claim (both run with the caller's privileges,
+# and PUBLIC may call them: the grant is spelled out for reviewers); the SQL
+# API and the workflow steps of enqueue (after=, batches) and signal (SECURITY
+# DEFINER: they run as the schema's owner, and EXECUTE is revoked from
+# PUBLIC); the worker also parks the jobs whose task raised WaitFor. The rest
+# are internal (the trigger's).
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "app": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch"),
-    "worker": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch", "park_jobs"),
+    "worker": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch", "park_jobs",
+               "claim_jobs"),
 }
 # every function the migrations create, which the admin role owns
-ALL_FUNCTIONS = ("add_to_batch", "batch_job_finished", "enqueue", "finish_batch", "insert_job", "jobs_channel",
-                 "jobs_flow", "link_jobs", "park_jobs", "publish", "release_children", "seal_batch", "signal")
+ALL_FUNCTIONS = ("add_to_batch", "batch_job_finished", "claim_jobs", "enqueue", "finish_batch", "insert_job",
+                 "jobs_channel", "jobs_flow", "link_jobs", "park_jobs", "publish", "release_children", "seal_batch", "signal")
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).
 SEQUENCES: dict[str, tuple[str, ...]] = {

@@ -19,6 +19,7 @@ from joblane.queries import quote_ident
 from joblane.testing import new_schema_name
 
 from ..conftest import ROOT, count, table, wait_until
+from ..helpers import run_sql
 
 APP = "tests.security.apps:app"
 
@@ -282,3 +283,25 @@ def test_insert_job_needs_no_grant_of_its_own_and_gives_none(app, conn, joblane_
             app.enqueue(c, "echo", {"n": 2})
     assert app.get_job(job, conn)["state"] == "pending"
     assert count(conn, app, "true") == 1
+
+
+def test_claim_jobs_needs_no_grant_of_its_own_and_gives_none(app, conn, joblane_dsn, make_role):
+    """claim_jobs runs as its caller: a worker role granted before schema version 8 (no EXECUTE on it)
+    keeps claiming, and the app role, which may not change jobs, cannot claim through it."""
+    s = quote_ident(app.schema)
+    signature = f"{s}.claim_jobs(text[], integer, text, double precision)"
+    job = app.enqueue(conn, "echo", {"n": 1})
+    conn.commit()
+    before = make_role("worker")
+    apply(conn, "worker", before, app.schema)
+    conn.execute(f'REVOKE EXECUTE ON FUNCTION {signature} FROM "{before}"')  # what a version-7 grant lacked
+    writer = make_role("app")
+    apply(conn, "app", writer, app.schema)
+    with psycopg.connect(joblane_dsn, autocommit=True) as c:
+        c.execute(f'SET ROLE "{writer}"')
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            run_sql(c, app.queries.claim_jobs, [["default"], 10, "w-app", 30.0])
+        c.execute(f'SET ROLE "{before}"')
+        [row] = run_sql(c, app.queries.claim_jobs, [["default"], 10, "w-old", 30.0])
+    assert row[0] == job
+    assert app.get_job(job, conn)["state"] == "running" and app.get_job(job, conn)["worker"] == "w-old"

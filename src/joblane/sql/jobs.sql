@@ -109,40 +109,10 @@ RETURNING id;
 -- name: claim_jobs
 -- Claim up to $2 ready jobs from queues $1 for worker $3, leased for $4 seconds, in one statement.
 --
--- One LATERAL probe per queue walks jobs_ready (queue, priority, run_after, id)
--- in order and stops after $2 rows, so the cost does not grow with the number
--- of waiting jobs; a single "queue = ANY(...)" scan would have to sort them all.
--- The CTE is evaluated exactly once, so the rows locked are the rows updated.
--- Rows locked by the probes but cut by the outer LIMIT are released at commit.
--- The update finds its rows through "id = ANY(ARRAY(...))", an index scan on
--- the primary key; joining the CTE instead lets the planner hash the whole
--- table (a sequential scan per claim once the table is large).
-WITH picked AS (
-    SELECT ready.id
-      FROM unnest($1::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-            SELECT j.id, j.priority, j.run_after
-              FROM {schema}.jobs AS j
-             WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
-             ORDER BY j.priority, j.run_after, j.id
-             LIMIT $2
-               FOR UPDATE SKIP LOCKED
-         ) AS ready
-     -- a paused queue (App.pause_queue, RetryAfter(pause_queue=True), `joblane limits pause`) gives
-     -- no job to any worker from the moment the pause commits: one primary-key probe per queue
-     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses AS p WHERE p.queue = q.name AND p.until > now())
-     ORDER BY ready.priority, ready.run_after, ready.id
-     LIMIT $2
-)
-UPDATE {schema}.jobs AS j
-   SET state = 'running',
-       attempts = j.attempts + 1,
-       worker = $3,
-       lease_until = now() + make_interval(secs => $4::float8),
-       started_at = now()
- WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.attempts, j.max_attempts,
-          j.priority, j.created_at, j.replay_of, j.headers::text AS headers;
+-- The statement lives in the function claim_jobs (migration 0008), which keeps
+-- its plan for the session on the server; sql/migrations/0008_claim_jobs.sql
+-- says how it walks jobs_ready and why it is a function.
+SELECT * FROM {schema}.claim_jobs($1::text[], $2::int, $3::text, $4::float8);
 
 -- name: complete_jobs
 -- Write many outcomes (a JSON array, store.outcome_rows) at once; a row changes only while it is still running this attempt for worker $2.

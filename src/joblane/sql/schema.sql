@@ -323,6 +323,43 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION {schema}.claim_jobs(p_queues text[], p_limit integer, p_worker text, p_lease_seconds double precision)
+ RETURNS TABLE(id bigint, queue text, kind text, payload text, attempts integer, max_attempts integer, priority smallint, created_at timestamp with time zone, replay_of bigint, headers text)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH picked AS (
+        SELECT ready.id
+          FROM unnest(p_queues) AS q(name)
+         CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_after
+                  FROM {schema}.jobs AS j
+                 WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+                 ORDER BY j.priority, j.run_after, j.id
+                 LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED
+             ) AS ready
+         -- a paused queue (App.pause_queue, RetryAfter(pause_queue=True), `joblane limits pause`) gives
+         -- no job to any worker from the moment the pause commits: one primary-key probe per queue
+         WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses AS p WHERE p.queue = q.name AND p.until > now())
+         ORDER BY ready.priority, ready.run_after, ready.id
+         LIMIT p_limit
+    )
+    UPDATE {schema}.jobs AS j
+       SET state = 'running',
+           attempts = j.attempts + 1,
+           worker = p_worker,
+           lease_until = now() + make_interval(secs => p_lease_seconds),
+           started_at = now()
+     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.queue, j.kind, j.payload::text, j.attempts, j.max_attempts,
+              j.priority, j.created_at, j.replay_of, j.headers::text;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION {schema}.enqueue(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_after timestamp with time zone DEFAULT NULL::timestamp with time zone, unique_key text DEFAULT NULL::text, priority integer DEFAULT 0, max_attempts integer DEFAULT 10)
  RETURNS bigint
  LANGUAGE plpgsql
