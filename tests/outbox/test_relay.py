@@ -16,6 +16,7 @@ from joblane.cli import main
 from joblane.outbox import Relay
 from joblane.outbox.sinks import HttpSink
 
+from ..helpers import run_sql
 from .conftest import Request, outbox_rows
 
 
@@ -272,3 +273,41 @@ async def test_a_notification_wakes_an_idle_relay(app, conn, joblane_dsn, receiv
     r.request_stop()
     await run
     assert receiver.keys() == [f"outbox:{row}"], "delivered long before the next poll"
+
+
+async def test_the_relay_reaches_its_rows_through_the_primary_key_however_many_were_sent(
+        app, conn, joblane_dsn, receiver):
+    """Sent rows stay for a week, so the outbox grows far beyond what is pending.
+
+    The claim leases the rows it picked through the primary key (a join let
+    the planner hash the whole table, sent rows included, on every claim),
+    and the recording of a batch's outcomes finds them through it too. A
+    prepared statement's generic plan, made without the batch's arrays,
+    compared every row with every outcome (150 ms for 1,000 rows), so the
+    relay's connections plan each statement for its arguments; behind
+    PgBouncer nothing is prepared, which gives the same.
+    """
+    from joblane import store
+
+    app.route("bench.", HttpSink(receiver.url))
+    outbox = f'"{app.schema}".outbox'
+    conn.execute(f"INSERT INTO {outbox} (topic, payload, state, attempts, sent_at)"
+                 " SELECT 'bench.old', '{}', 'sent', 1, now() FROM generate_series(1, 20000)")
+    ids = [r[0] for r in conn.execute(
+        f"INSERT INTO {outbox} (topic, payload) SELECT 'bench.new', jsonb_build_object('n', i)"
+        " FROM generate_series(1, 600) AS i RETURNING id").fetchall()]
+    conn.execute(f"ANALYZE {outbox}")
+    conn.commit()
+    claim = app.store.claim_outbox(200, ["bench."], [False], "r-plan", 30.0)
+    plan = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + claim.sql, claim.args))
+    conn.rollback()
+    assert "Seq Scan on outbox" not in plan and "Index Scan using outbox_pkey" in plan, plan
+    async with relay(app, batch_size=200) as r:
+        for _ in range(7):  # more batches than PostgreSQL plans before it may keep a generic plan (five)
+            await r.run_once()
+        async with r._pool.acquire() as c:
+            assert await c.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+            finish = app.store.finish_outbox([1], ["sent"], [1], [0.0], [None], "nobody")
+            assert await store.records(c, finish) == []  # runs on the relay's connection, changes nothing
+    assert sorted(receiver.keys()) == sorted(f"outbox:{i}" for i in ids)
+    assert conn.execute(f"SELECT count(*) FROM {outbox} WHERE state <> 'sent'").fetchone()[0] == 0

@@ -108,8 +108,9 @@ UPDATE {schema}.outbox AS o
    SET attempts = o.attempts + 1,
        lease_until = now() + make_interval(secs => $5::float8),
        relay = $4
-  FROM picked
- WHERE o.id = picked.id
+ -- through the primary key: joining "picked" instead let the planner hash the
+ -- whole table, sent rows included (a sequential scan per claim)
+ WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING o.id, o.topic, o.key, coalesce(o.idempotency_key, 'outbox:' || o.id) AS idempotency_key,
           o.payload::text AS payload, o.headers::text AS headers, o.attempts, o.max_attempts, o.created_at;
 
