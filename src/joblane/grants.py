@@ -78,7 +78,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
 }
 # every function the migrations create, which the admin role owns
 ALL_FUNCTIONS = ("add_to_batch", "batch_job_finished", "claim_jobs", "enqueue", "finish_batch", "insert_job",
-                 "jobs_channel", "jobs_flow", "link_jobs", "park_jobs", "publish", "release_children", "seal_batch", "signal")
+                 "jobs_channel", "jobs_flow", "link_jobs", "park_jobs", "publish", "release_children", "seal_batch",
+                 "signal")
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).
 SEQUENCES: dict[str, tuple[str, ...]] = {
