@@ -129,6 +129,17 @@ async def records(conn: Any, stmt: Statement) -> list:
     return await conn.fetch(stmt.sql, *stmt.args)
 
 
+async def keep_session(conn: Any) -> None:
+    """An asyncpg pool's reset for the worker's and the relay's own pools: nothing beyond asyncpg's rollback.
+
+    Their pooled connections keep no session state but what they set on
+    purpose when they connect (no LISTEN: the notifiers have connections of
+    their own; advisory locks are transaction-scoped), so asyncpg's default
+    reset (RESET ALL, UNLISTEN *, CLOSE ALL, pg_advisory_unlock_all) would be
+    one more round trip per use for nothing, and would undo that setting.
+    """
+
+
 async def value(conn: Any, stmt: Statement) -> Any:
     """The first column of the first row of ``stmt`` on an asyncpg connection."""
     return await conn.fetchval(stmt.sql, *stmt.args)
@@ -500,6 +511,9 @@ class Store:
 
     def finish_outbox(self, ids, outcomes, attempts, delays, errors, relay) -> Statement:
         return self._s("finish_outbox", ids, outcomes, attempts, delays, errors, relay)
+
+    def plan_for_arguments(self) -> Statement:
+        return self._s("plan_for_arguments")
 
     def extend_outbox_leases(self, ids, relay, lease_seconds) -> Statement:
         return self._s("extend_outbox_leases", ids, relay, lease_seconds)

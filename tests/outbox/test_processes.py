@@ -108,3 +108,27 @@ async def test_a_relay_behind_pgbouncer_in_transaction_pooling_delivers_every_me
     problems = [line for line in relay.output().splitlines()
                 if '"level": "warning"' in line.lower() or '"level": "error"' in line.lower() or "Traceback" in line]
     assert problems == [], relay.output()[-3000:]
+
+
+async def test_a_relay_behind_pgbouncer_in_session_pooling_needs_no_flag(app, conn, joblane_dsn, receiver, spawn_relay):
+    """Session pooling keeps a client's server connection: the relay runs as on a direct connection
+    (prepared statements, its session setting made with SET, since PgBouncer refuses unknown startup
+    parameters), and delivers every message once."""
+    from ..deploy.pgbouncer import pgbouncer
+
+    with pgbouncer(joblane_dsn, pool_mode="session", pool_size=10) as pooled:
+        with psycopg.connect(pooled) as c:
+            for i in range(120):
+                with c.transaction():
+                    app.publish(c, "hook.session", {"i": i})
+        relay = spawn_relay(APP, app.schema, "--poll-interval", "0.2", "--batch-size", "20",
+                            env={"TEST_HTTP_URL": receiver.url, "DATABASE_URL": pooled})
+        await eventually(lambda: all(s == "sent" for _, s, *_ in outbox_rows(conn, app)), timeout=60,
+                         message="every row marked sent")
+        relay.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(relay.proc.wait, 30) == 0, relay.output()
+    keys = receiver.keys()
+    assert len(keys) == 120 == len(set(keys)), "each message once"
+    problems = [line for line in relay.output().splitlines()
+                if '"level": "warning"' in line.lower() or '"level": "error"' in line.lower() or "Traceback" in line]
+    assert problems == [], relay.output()[-3000:]

@@ -204,22 +204,19 @@ class Relay:
         self._stopping.set()
         self._wake.set()
 
+    async def _plan_for_arguments(self, conn: asyncpg.Connection) -> None:
+        await store.run(conn, self.store.plan_for_arguments())
+
     async def _connect(self) -> asyncpg.Pool:
         try:
-            # Behind PgBouncer: no named prepared statements (asyncpg's cache off), so every statement is
-            # planned for its arguments. Direct: asyncpg prepares each statement once, and after five runs
-            # PostgreSQL may keep a generic plan, made without the batch's arrays; for finish_outbox that
-            # plan is a nested loop comparing every row of the batch with every outcome (about 150 ms for
-            # 1,000 rows, against 7 ms for the plan made for the arrays). A relay runs a few statements
-            # per batch of hundreds of rows, so each is planned for its arguments here too (force_custom_plan:
-            # well under a millisecond per statement).
-            options: dict = {"statement_cache_size": 0} if self.pgbouncer else {}
-            settings = {"application_name": self.application_name}
-            if not self.pgbouncer:  # PgBouncer refuses startup parameters it does not know
-                settings["plan_cache_mode"] = "force_custom_plan"
+            # Behind PgBouncer in transaction pooling nothing is prepared (asyncpg's cache off), so every
+            # statement is planned for its arguments; elsewhere each connection asks for that when it
+            # connects (plan_for_arguments: a generic plan of finish_outbox costs 20x).
+            options: dict = {"statement_cache_size": 0} if self.pgbouncer else {"init": self._plan_for_arguments}
             pool = await asyncpg.create_pool(self.app.dsn, min_size=1,
-                                             max_size=self.concurrency + 2 + (self.vacuumer is not None), **options,
-                                             server_settings=settings)
+                                             max_size=self.concurrency + 2 + (self.vacuumer is not None),
+                                             reset=store.keep_session, **options,
+                                             server_settings={"application_name": self.application_name})
         except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
             raise JoblaneError(f"cannot use the database: {describe(exc)}") from None
         except asyncpg.ClientConfigurationError as exc:  # a malformed URL: retrying cannot help

@@ -47,17 +47,6 @@ log = logging.getLogger("joblane.worker")
 _EAGER = sys.version_info >= (3, 12)  # asyncio.Task(eager_start=True)
 
 
-async def keep_session(conn: asyncpg.Connection) -> None:
-    """The pool's reset: nothing beyond asyncpg's own rollback of an open transaction.
-
-    The worker's pooled connections keep no session state (no LISTEN: the
-    notifier has its own connection; advisory locks are transaction-scoped;
-    no SET), so asyncpg's default reset (RESET ALL, UNLISTEN *, CLOSE ALL,
-    pg_advisory_unlock_all) would be one more round trip per claim and per
-    flush for nothing.
-    """
-
-
 class Worker:
     """Runs the app's tasks from one or more queues.
 
@@ -200,7 +189,7 @@ class Worker:
                 pool = await asyncpg.create_pool(self.app.dsn, min_size=3,
                                                  max_size=4 + self.producer.claimers + (self.vacuumer is not None),
                                                  server_settings={"application_name": self.application_name},
-                                                 reset=keep_session, **options)
+                                                 reset=store.keep_session, **options)
                 async with pool.acquire() as conn:
                     await check_async(conn, self.app.schema)
                 return pool
