@@ -117,6 +117,12 @@ def claim_plans(conn, schema: str, queues: list[str], claim: int) -> dict[str, s
     return {"custom": custom, "generic": generic}
 
 
+def scans_other_than_pauses(plan: str) -> list[str]:
+    """The sequential scans of a claim plan, but for queue_pauses (a row per paused queue), which the
+    generic plan reads whole where the custom plan probes its primary key."""
+    return [line.strip() for line in plan.splitlines() if "Seq Scan" in line and "queue_pauses" not in line]
+
+
 def test_claim_reads_the_partial_index(joblane_dsn, joblane_schema):
     """The claim must walk jobs_ready, not scan or sort the table, however many jobs wait."""
     app = joblane.App(joblane_dsn, schema=joblane_schema)
@@ -130,7 +136,8 @@ def test_claim_reads_the_partial_index(joblane_dsn, joblane_schema):
         conn.execute(f"ANALYZE {jobs}")
         for mode, text in claim_plans(conn, joblane_schema, ["q0", "q1"], 10).items():
             assert "jobs_ready" in text, (mode, text)
-            assert "Seq Scan on jobs" not in text, (mode, text)
+            assert not scans_other_than_pauses(text), (mode, text)
+            assert mode == "generic" or "Seq Scan" not in text, (mode, text)
             assert "Sort Key: j.priority" not in text.split("Limit")[-1], (mode, text)
 
 
@@ -167,7 +174,8 @@ def test_the_claim_stays_an_index_scan_with_a_million_jobs_waiting(million_pendi
     app, conn = million_pending
     for mode, text in claim_plans(conn, app.schema, ["q0", "q1"], claim).items():
         assert "jobs_ready" in text and "jobs_pkey" in text, (mode, text)
-        assert "Seq Scan on jobs" not in text and "Hash" not in text, (mode, text)
+        assert not scans_other_than_pauses(text) and "Hash" not in text, (mode, text)
+        assert mode == "generic" or "Seq Scan" not in text, (mode, text)
         assert "Sort Key: j.priority" not in text.split("Limit")[-1], (mode, text)  # no sort of the backlog
 
 

@@ -105,9 +105,7 @@ async def test_a_relay_behind_pgbouncer_in_transaction_pooling_delivers_every_me
         assert conn.execute(f'SELECT count(*) FROM "{app.schema}".processes').fetchone()[0] == 0, "deregistered"
     keys = receiver.keys()
     assert len(keys) == 300 == len(set(keys)), "each message once"
-    problems = [line for line in relay.output().splitlines()
-                if '"level": "warning"' in line.lower() or '"level": "error"' in line.lower() or "Traceback" in line]
-    assert problems == [], relay.output()[-3000:]
+    assert warnings_and_errors(relay.output()) == [], relay.output()[-3000:]
 
 
 async def test_a_relay_behind_pgbouncer_in_session_pooling_needs_no_flag(app, conn, joblane_dsn, receiver, spawn_relay):
@@ -129,6 +127,10 @@ async def test_a_relay_behind_pgbouncer_in_session_pooling_needs_no_flag(app, co
         assert await asyncio.to_thread(relay.proc.wait, 30) == 0, relay.output()
     keys = receiver.keys()
     assert len(keys) == 120 == len(set(keys)), "each message once"
-    problems = [line for line in relay.output().splitlines()
-                if '"level": "warning"' in line.lower() or '"level": "error"' in line.lower() or "Traceback" in line]
-    assert problems == [], relay.output()[-3000:]
+    assert warnings_and_errors(relay.output()) == [], relay.output()[-3000:]
+
+
+def warnings_and_errors(output: str) -> list[str]:
+    """The lines of a process's log at level warning or error, and any traceback."""
+    return [line for line in output.splitlines()
+            if '"level": "warning"' in line.lower() or '"level": "error"' in line.lower() or "Traceback" in line]
