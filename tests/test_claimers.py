@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import statistics
 import time
 
 from joblane import JobSpec
@@ -58,3 +59,63 @@ def test_lean_task_leaves_no_row_for_a_success_and_keeps_failures(app, conn, spa
     assert conn.execute(f"SELECT state FROM {table(app, 'jobs')} WHERE id = %s", (failed,)).fetchone() == ("failed",)
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output()
+
+
+def leased(conn, app) -> int:
+    return count(conn, app, "state = 'running'")
+
+
+def held_while_jobs_wait(conn, app) -> list[int]:
+    """The jobs leased, sampled while some still wait to be claimed (a finished job stays leased for the
+    few milliseconds until its outcome is written, so single samples may be above the steady count)."""
+    held = []
+    while count(conn, app, "state = 'pending'"):
+        held.append(leased(conn, app))
+        time.sleep(0.02)
+    return held
+
+
+def test_prefetch_follows_how_fast_tasks_finish(app, conn, spawn_worker):
+    """Slow tasks: once the first ones end, a worker leases one job beyond its slots, not as many as it runs;
+    fast tasks: its claims grow past twice its concurrency, up to four times. Every job runs once."""
+    create_runs_table(conn, app.schema)
+    slow = app.enqueue_many(conn, [JobSpec("sleepy", {"seconds": 0.4, "i": i}) for i in range(24)])
+    worker = spawn_worker(APP, app.schema, "--concurrency", "3")
+    wait_until(lambda: count(conn, app, "state = 'done'") >= 3, timeout=30, message="the first slow jobs done")
+    time.sleep(0.2)
+    held = held_while_jobs_wait(conn, app)
+    assert statistics.median(held) <= 4, f"jobs leased by a worker of 3 slots whose tasks take 0.4 s: {held}"
+    fast = app.enqueue_many(conn, [JobSpec("record", {"i": i}) for i in range(3000)])
+    wait_until(lambda: unfinished(conn, app) == 0, timeout=120, message="the fast jobs done")
+    # the jobs of one claim share its transaction's now(): started_at groups them by claim
+    sizes = [r[0] for r in conn.execute(
+        f"SELECT count(*) FROM {table(app, 'jobs')} WHERE id = ANY(%s) GROUP BY started_at", (fast,))]
+    assert 6 < max(sizes) <= 12, f"claims of fast tasks: largest {max(sizes)}"
+    runs = conn.execute(f"SELECT job_id, count(*) FROM {table(app, 'runs')} GROUP BY job_id").fetchall()
+    assert sorted(r[0] for r in runs) == sorted(slow + fast) and max(r[1] for r in runs) == 1
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+
+
+def test_fixed_prefetch_holds_as_many_jobs_as_asked(app, conn, spawn_worker):
+    """--prefetch 0 leases no job beyond the running slots; --prefetch 5 keeps five more leased while
+    slow tasks run; SIGTERM lets the running ones finish and gives the prefetched back, attempts unspent."""
+    create_runs_table(conn, app.schema)
+    app.enqueue_many(conn, [JobSpec("sleepy", {"seconds": 0.3, "i": i}) for i in range(12)])
+    worker = spawn_worker(APP, app.schema, "--concurrency", "2", "--prefetch", "0")
+    wait_until(lambda: leased(conn, app) > 0, timeout=30, message="the first claim")
+    held = held_while_jobs_wait(conn, app)
+    assert statistics.median(held) <= 2, f"jobs leased with --prefetch 0 and 2 slots: {held}"
+    wait_until(lambda: unfinished(conn, app) == 0, timeout=30, message="the jobs done")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    app.enqueue_many(conn, [JobSpec("sleepy", {"seconds": 3, "i": i}) for i in range(12)])
+    worker = spawn_worker(APP, app.schema, "--concurrency", "2", "--prefetch", "5")
+    wait_until(lambda: leased(conn, app) == 7, timeout=30, message="2 running and 5 prefetched")
+    time.sleep(0.5)
+    assert leased(conn, app) == 7
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    # the two running finish within the grace period; the five prefetched go back with the five never claimed
+    assert count(conn, app, "state = 'done' AND payload->>'seconds' = '3'") == 2
+    assert count(conn, app, "state = 'pending' AND attempts = 0") == 10, "the prefetched jobs, attempts unspent"

@@ -40,7 +40,11 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @click.argument("app_spec", metavar="APP")
 @click.option("-q", "--queue", "queues", multiple=True, help="Queue to serve (repeatable; default: the app's task queues).")
 @click.option("-c", "--concurrency", default=10, show_default=True, type=click.IntRange(1, 10_000))
-@click.option("--claim-batch", type=click.IntRange(1, 10_000), help="Most jobs per claim (default: concurrency).")
+@click.option("--claim-batch", type=click.IntRange(1, 10_000),
+              help="Most jobs per claim (default: the running and prefetched places at most).")
+@click.option("--prefetch", type=click.IntRange(0, 100_000),
+              help="Jobs leased ahead of free slots (default: sized to how fast the tasks finish, from 1 to three "
+                   "times the concurrency).")
 @click.option("--claimers", type=click.IntRange(1, 16),
               help="Claims in flight at once, each on its own connection (default: 1, up to 3 when the "
                    "running and prefetched places hold several claims).")
@@ -73,7 +77,8 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
            poll_interval: float, lease_seconds: float | None, grace_seconds: float, no_listen: bool,
            retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float,
            metrics_port: int | None = None, metrics_host: str = "127.0.0.1", pgbouncer: bool = False, stall_warning: float = 2.0,
-           unknown_kind_timeout: float = 600.0, claimers: int | None = None, vacuum_interval: float = 10.0) -> None:
+           unknown_kind_timeout: float = 600.0, claimers: int | None = None, vacuum_interval: float = 10.0,
+           prefetch: int | None = None) -> None:
     """Run the tasks of APP (module:attribute naming a joblane.App)."""
     from ..worker import Worker
 
@@ -83,7 +88,8 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
     app = app_from_context(ctx, app_spec)
     setup_logging(log_format, verbose)
     w = run_or_fail(lambda: Worker(app, queues=list(queues) or None, concurrency=concurrency,
-                                   claim_batch=claim_batch, claimers=claimers, poll_interval=poll_interval,
+                                   claim_batch=claim_batch, prefetch=prefetch, claimers=claimers,
+                                   poll_interval=poll_interval,
                                    lease_seconds=lease_seconds,
                                    grace_seconds=grace_seconds, listen=not no_listen,
                                    retention_seconds=retention_seconds, connect_timeout=connect_timeout,

@@ -2,14 +2,18 @@
 
 A claim asks for as many jobs as there are free places (running slots
 plus prefetch, at most ``claim_batch``) in one statement, committed before
-any of them runs. Between claims it waits for a notification (enqueue,
-a freed place, the end of a pause or a limit's window) or the poll interval.
+any of them runs. Unless fixed, the prefetch follows how fast the tasks
+finish: enough places to keep the slots busy through two claim round
+trips, from 1 to three times the concurrency. Between claims it waits for
+a notification (enqueue, a freed place, the end of a pause or a limit's
+window) or the poll interval.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any, Callable, Sized
 
 from .. import store, telemetry
@@ -32,11 +36,13 @@ class Producer:
     ``active`` holds the worker's claimed jobs (running or waiting for a run
     slot): the loop claims while fewer than ``capacity`` are held and the
     ``completer`` is not backlogged. ``wake`` ends a wait between claims.
+    ``prefetch`` fixes the places beyond the running slots; None sizes them
+    from the tasks' run time and the claims' round trip (``size_prefetch``).
     """
 
     def __init__(self, store: Store, limiter: Limiter, completer: Completer, active: Sized,
                  start: Callable[[Any], None], *, queues: list[str], name: str, lease_seconds: float,
-                 concurrency: int, capacity: int, claim_batch: int, poll_interval: float, debounce: float,
+                 concurrency: int, prefetch: int | None, claim_batch: int, poll_interval: float, debounce: float,
                  wake: asyncio.Event, claimers: int | None = None):
         self.store = store
         self.limiter = limiter
@@ -47,7 +53,16 @@ class Producer:
         self.name = name
         self.lease_seconds = lease_seconds
         self.concurrency = concurrency
-        self.capacity = capacity
+        self.adaptive = prefetch is None
+        # Adaptive: as many places as the concurrency until the first tasks end, then sized to keep the
+        # running slots busy through two claim round trips (prefetch_range). A worker of slow tasks holds
+        # one job beyond its slots instead of leasing jobs another worker could run now; one of fast tasks
+        # holds up to three times its concurrency, so each claim brings more jobs per round trip.
+        self.prefetch = concurrency if prefetch is None else prefetch
+        self.prefetch_range = (1, 3 * concurrency) if prefetch is None else (prefetch, prefetch)
+        self.running = 0  # claimed jobs whose task holds a run slot (began, not yet freed)
+        self._run_seconds: float | None = None  # moving mean of the tasks' run time
+        self._claim_seconds: float | None = None  # moving mean of a claim's round trip, commit included
         self.claim_batch = claim_batch
         self.poll_interval = poll_interval
         self.debounce = debounce
@@ -56,7 +71,7 @@ class Producer:
         # Claims in flight at once, each on its own connection: while one waits
         # for its commit, another can already lease the next jobs. Worth it
         # when the places are many against one claim (a claim of 200 into 800).
-        self.claimers = claimers or max(1, min(3, capacity // (2 * claim_batch)))
+        self.claimers = claimers or max(1, min(3, self.capacity // (2 * claim_batch)))
         self._asked = 0  # places that claims in flight may fill
         # set while claims come back full: the extra claim loops claim only then,
         # so an idle worker polls with one loop
@@ -68,8 +83,24 @@ class Producer:
         self._follow_up = self.debounce > 0
         self.wake.set()
 
-    def freed(self) -> None:
-        """A claimed job left ``active``: a place is free."""
+    @property
+    def capacity(self) -> int:
+        """The places: running slots plus prefetched jobs."""
+        return self.concurrency + self.prefetch
+
+    def began(self) -> None:
+        """A claimed job took a run slot: one fewer waits. At the low-water mark, the claim loop looks again."""
+        self.running += 1
+        if self._waiting() == self.prefetch // 2:
+            self.slot.set()
+
+    def freed(self, ran: float | None = None, *, began: bool = False) -> None:
+        """A claimed job left ``active``: a place is free (``began``: it held a run slot; ``ran``: seconds run)."""
+        if began:
+            self.running -= 1
+        if ran is not None:
+            mean = self._run_seconds
+            self._run_seconds = ran if mean is None else mean + (ran - mean) * 0.05
         self.slot.set()
         if self.limiter.active:  # limited queues claim into free run slots only: claim again now
             self.wake.set()
@@ -93,8 +124,35 @@ class Producer:
         telemetry.claim_span(rows, started_ns, self.queues)  # a no-op unless OpenTelemetry is installed
         return rows
 
+    def claimed_in(self, seconds: float) -> None:
+        """A claim's round trip took ``seconds``: resize the prefetch."""
+        mean = self._claim_seconds
+        self._claim_seconds = seconds if mean is None else mean + (seconds - mean) * 0.2
+        self.size_prefetch()
+
+    def size_prefetch(self) -> None:
+        """Adaptive prefetch: the jobs the running slots finish in two claim round trips, within its range."""
+        if not self.adaptive or self._run_seconds is None or self._claim_seconds is None:
+            return
+        low, high = self.prefetch_range
+        finished = 2 * self._claim_seconds * self.concurrency / max(self._run_seconds, 1e-6)
+        self.prefetch = max(low, min(high, math.ceil(finished)))
+
     def _free(self) -> int:
         return self.capacity - len(self.active) - self._asked
+
+    def _waiting(self) -> int:
+        """Jobs held for a run slot, with those the claims in flight will bring."""
+        return len(self.active) - self.running + self._asked
+
+    def _full(self) -> bool:
+        """No claim now: no free place, the completer backlogged, or jobs still waiting above the low-water mark.
+
+        The mark, half the prefetch, keeps claims whole: while the jobs held
+        for a slot outlast a claim's round trip, the next claim waits for
+        more free places rather than asking for the first one freed.
+        """
+        return self._free() <= 0 or self.completer.backlogged or self._waiting() > self.prefetch // 2
 
     async def run(self, pool: Any, stopping: asyncio.Event) -> None:
         """Claim until ``stopping`` is set (``claimers`` claims in flight at most)."""
@@ -113,17 +171,18 @@ class Producer:
             if not first and not self._busy.is_set():
                 await self._busy.wait()
                 continue
-            free = self._free()
-            if free <= 0 or self.completer.backlogged:
+            if self._full():
                 self.slot.clear()
-                if self._free() <= 0 or self.completer.backlogged:
+                if self._full():
                     await self.slot.wait()
                 continue
-            want = min(free, self.claim_batch)
+            want = min(self._free(), self.claim_batch)
             self.wake.clear()  # a notification that lands during the claim is kept
             self._asked += want
+            began = asyncio.get_running_loop().time()
             try:
                 rows = await self.claim(pool, want)
+                self.claimed_in(asyncio.get_running_loop().time() - began)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -112,16 +112,16 @@ class Worker:
         self.concurrency = concurrency
         # Jobs claimed ahead of free slots wait (leased, heartbeated) for one, so
         # the next claim's round trip overlaps the running tasks. Given back on
-        # shutdown without spending an attempt.
-        self.prefetch = concurrency if prefetch is None else prefetch
-        if self.prefetch < 0:
+        # shutdown without spending an attempt. None: sized as the tasks run
+        # (Producer.size_prefetch), from 1 to three times the concurrency.
+        if prefetch is not None and prefetch < 0:
             raise JoblaneError("prefetch must be >= 0")
         if claimers is not None and not 1 <= claimers <= 16:
             raise JoblaneError("claimers must be between 1 and 16")
-        self.capacity = concurrency + self.prefetch
         # a claim fills every free place, prefetch included: one round trip per
         # (concurrency + prefetch) jobs rather than per concurrency
-        self.claim_batch = max(1, claim_batch or self.capacity)
+        most = concurrency + (3 * concurrency if prefetch is None else prefetch)
+        self.claim_batch = max(1, claim_batch or most)
         self.poll_interval = poll_interval
         self.lease_seconds = float(lease_seconds or app.lease_seconds)
         self.heartbeat_seconds = float(heartbeat_seconds or self.lease_seconds / 3)
@@ -160,7 +160,7 @@ class Worker:
         self.limiter = Limiter(self.store, self.queues, app.rate_limits, wake=wake.set, budgets=app.budgets)  # queue limits and pauses
         self.producer = Producer(self.store, self.limiter, self.completer, self._active, self._start,
                                  queues=self.queues, name=self.name, lease_seconds=self.lease_seconds,
-                                 concurrency=concurrency, capacity=self.capacity, claim_batch=self.claim_batch,
+                                 concurrency=concurrency, prefetch=prefetch, claim_batch=self.claim_batch,
                                  poll_interval=poll_interval, debounce=app.notify_debounce, wake=wake,
                                  claimers=claimers)
 
@@ -240,10 +240,12 @@ class Worker:
     async def _run_job(self, job: Job, headers: str | None = None) -> None:
         outcome: Outcome | None
         started = None
+        ran = None  # seconds the task ran, when it did
         quiet = False
         try:
             async with self._run_slots:
                 started = now()
+                self.producer.began()
                 if self._stopping.is_set():
                     outcome = give_back(job, started, "worker shutting down before the task started")
                 elif self.limiter.active and self.limiter.paused_for(job.queue):  # claimed before a pause
@@ -257,6 +259,7 @@ class Worker:
                     with telemetry.run_span(job, headers) as span:
                         outcome = await execute(self.app.tasks.get(job.kind), job, self._threads)
                         telemetry.end_run(span, outcome)
+                    ran = outcome.finished_at - outcome.started_at  # sizes the prefetch
         except asyncio.CancelledError:
             if job.id in self._revoked:
                 outcome = None  # cancelled or rescued elsewhere; the database already says so
@@ -265,7 +268,7 @@ class Worker:
                 outcome = give_back(job, started, f"worker {self.name} shut down before the task {when}")
         finally:
             self._active.pop(job.id, None)
-            self.producer.freed()
+            self.producer.freed(ran, began=started is not None)
         if outcome is not None:
             telemetry.job_finished(self, job, outcome, headers, quiet=quiet)  # metrics and the log line
             if outcome.pause:  # RetryAfter(pause_queue=True): stop the queue here and for every worker
