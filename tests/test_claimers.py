@@ -119,3 +119,40 @@ def test_fixed_prefetch_holds_as_many_jobs_as_asked(app, conn, spawn_worker):
     # the two running finish within the grace period; the five prefetched go back with the five never claimed
     assert count(conn, app, "state = 'done' AND payload->>'seconds' = '3'") == 2
     assert count(conn, app, "state = 'pending' AND attempts = 0") == 10, "the prefetched jobs, attempts unspent"
+
+
+async def test_claims_resume_when_the_outcome_backlog_clears(app, conn):
+    """The completer backlogged while the last claimed jobs finish: no job is left to free a place, so the
+    claim loop must look again when the outcomes are written, not at the next poll (30 s here)."""
+    import asyncio
+
+    from joblane.worker import Worker
+
+    ran = 0
+
+    @app.task("quick")
+    async def quick(job):
+        nonlocal ran
+        ran += 1
+
+    ids = app.enqueue_many(conn, [JobSpec("quick", {"i": i}) for i in range(3000)])
+    worker = Worker(app, concurrency=50, claim_batch=50, poll_interval=30.0, listen=False)
+    worker.completer.batcher.max_pending = 40  # backlogged after less than one claim's outcomes
+    write = worker.completer.write
+
+    async def slow_write(batch):  # outcomes are written well after their jobs finished
+        await asyncio.sleep(0.02)
+        return await write(batch)
+
+    worker.completer.batcher._flush = slow_write
+    runner = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        for _ in range(300):
+            if await asyncio.to_thread(unfinished, conn, app) == 0:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        worker.request_stop()
+        await runner
+    assert count(conn, app, "state = 'done'") == len(ids), "claims stopped with jobs left"
+    assert ran == len(ids)

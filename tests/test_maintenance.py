@@ -209,6 +209,26 @@ async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_ds
     assert count(conn, app, f"id = {job_id}") == 0
 
 
+async def test_an_outcome_repeated_within_one_batch_applies_once(app, conn, joblane_dsn):
+    """Two outcomes of one try in one document (a try run twice, a batch put back beside its retry): the job
+    changes once and that try gets one attempts row, not one per copy; the copy counts as not applied."""
+    first, second = app.enqueue(conn, "k", {}), app.enqueue(conn, "k", {})
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        rows = await c.fetch(app.queries.claim_jobs, ["default"], 2, "w1", 30.0)
+        assert sorted(r["id"] for r in rows) == [first, second]
+        retry = Outcome(first, 1, "pending", "retry", error="upstream refused", delay=0.0)
+        batch = [retry, Outcome.done(second, 1), retry]
+        applied = await c.fetch(app.queries.complete_jobs, outcome_rows(batch), "w1")
+    finally:
+        await c.close()
+    assert sorted(r["id"] for r in applied) == [first, second]
+    rows = conn.execute(f"SELECT job_id, attempt, outcome FROM {table(app, 'attempts')} ORDER BY job_id").fetchall()
+    assert rows == [(first, 1, "retry"), (second, 1, "done")]
+    assert conn.execute(f"SELECT state, attempts FROM {table(app, 'jobs')} WHERE id = %s", (first,)).fetchone() == (
+        "pending", 1)
+
+
 async def test_a_late_outcome_is_kept_on_the_attempts_row_of_its_try(app, conn, joblane_dsn):
     """The completer cannot apply an outcome for a rescued job, but the run it reports is not lost."""
     from collections import Counter

@@ -122,11 +122,15 @@ SELECT * FROM {schema}.claim_jobs($1::text[], $2::int, $3::text, $4::float8);
 -- and only the rows that applied get an attempts row. The outcomes come as
 -- one jsonb document: the server parses it in C, where eleven array
 -- parameters would cost the worker more to encode than the update costs.
+-- A job named twice in one document (one try run twice, a failed batch put
+-- back beside its copy) takes its first-finished outcome only: the update
+-- would apply one copy, the attempts row must be that copy's, and only one.
 WITH outcome AS (
-    SELECT *
+    SELECT DISTINCT ON (id) *
       FROM jsonb_to_recordset($1::text::jsonb)
            AS o(id bigint, attempt int, state text, outcome text, error text, delay float8, refund int,
                 result jsonb, started_at float8, finished_at float8, meta jsonb)
+     ORDER BY id, finished_at
 ), applied AS (
     UPDATE {schema}.jobs AS j
        SET state = o.state,

@@ -20,7 +20,8 @@ class Batcher(Generic[T]):
     batcher coalesces what arrives within ``max_wait`` seconds (or
     ``max_size`` items), waits while more than ``max_pending`` are queued,
     puts a failed batch back at the front and retries it with backoff, and
-    ``close`` drains what is left.
+    ``close`` drains what is left. ``on_room`` is called when a batch taken
+    for a flush ends a backlog (those who stopped feeding it may go on).
     """
 
     def __init__(
@@ -32,12 +33,14 @@ class Batcher(Generic[T]):
         max_pending: int = 20_000,
         max_in_flight: int = 1,
         name: str = "batcher",
+        on_room: Callable[[], None] | None = None,
     ):
         self._flush = flush
         self.max_size = max_size
         self.max_wait = max_wait
         self.max_pending = max_pending
         self.name = name
+        self.on_room = on_room
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.max_in_flight = max_in_flight
@@ -89,6 +92,8 @@ class Batcher(Generic[T]):
             if not batch:  # another flusher took them while this one waited
                 continue
             self._in_flight[slot] = batch
+            if self.on_room is not None and not self.backlogged and len(self._items) + len(batch) >= self.max_pending:
+                self.on_room()  # this batch ended a backlog
             try:
                 await self._flush(batch)
             except Exception as exc:

@@ -65,6 +65,10 @@ class Completer:
         """True while so many outcomes wait that the worker should stop claiming."""
         return self.batcher.backlogged
 
+    def on_room(self, callback) -> None:
+        """Call ``callback`` when a backlog of outcomes ends (a worker that stopped claiming may go on)."""
+        self.batcher.on_room = callback
+
     async def close(self, timeout: float | None = None) -> bool:
         """Write what is queued; True when everything was written within ``timeout``."""
         closed = await self.batcher.close(timeout=timeout)

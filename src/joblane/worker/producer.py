@@ -67,7 +67,8 @@ class Producer:
         self.poll_interval = poll_interval
         self.debounce = debounce
         self.wake = wake
-        self.slot = asyncio.Event()  # set when a claimed job leaves ``active``
+        self.slot = asyncio.Event()  # set when a claimed job leaves ``active`` or a backlog of outcomes ends
+        completer.on_room(self.slot.set)  # the last jobs may have finished while it lasted: none would set it
         # Claims in flight at once, each on its own connection: while one waits
         # for its commit, another can already lease the next jobs. Worth it
         # when the places are many against one claim (a claim of 200 into 800).
@@ -136,7 +137,9 @@ class Producer:
             return
         low, high = self.prefetch_range
         finished = 2 * self._claim_seconds * self.concurrency / max(self._run_seconds, 1e-6)
-        self.prefetch = max(low, min(high, math.ceil(finished)))
+        before, self.prefetch = self.prefetch, max(low, min(high, math.ceil(finished)))
+        if self.prefetch > before:  # more places, a higher low-water mark: a waiting claim loop looks again
+            self.slot.set()
 
     def _free(self) -> int:
         return self.capacity - len(self.active) - self._asked
@@ -174,7 +177,8 @@ class Producer:
             if self._full():
                 self.slot.clear()
                 if self._full():
-                    await self.slot.wait()
+                    # whatever frees a place sets ``slot``; the poll interval bounds the wait all the same
+                    await sleep_unless(self.slot, self.poll_interval)
                 continue
             want = min(self._free(), self.claim_batch)
             self.wake.clear()  # a notification that lands during the claim is kept
