@@ -234,7 +234,9 @@ class Worker:
         # until then its task is None, which _job_on_the_loop reads as "the job starting on the loop now".
         self._active[job.id] = (None, job)
         task = asyncio.Task(self._run_job(job, headers), loop=self._loop, eager_start=True)
-        if not task.done():
+        # Its first step may have left active already and then waited after (writing the outcome when the
+        # completer is backlogged, pausing the queue): only a job still starting gets its task recorded.
+        if not task.done() and job.id in self._active and self._active[job.id][0] is None:
             self._active[job.id] = (task, job)
 
     async def _run_job(self, job: Job, headers: str | None = None) -> None:
