@@ -33,14 +33,13 @@ class Batcher(Generic[T]):
         max_pending: int = 20_000,
         max_in_flight: int = 1,
         name: str = "batcher",
-        on_room: Callable[[], None] | None = None,
     ):
         self._flush = flush
         self.max_size = max_size
         self.max_wait = max_wait
         self.max_pending = max_pending
         self.name = name
-        self.on_room = on_room
+        self.on_room: Callable[[], None] | None = None  # set by whoever stops feeding it while backlogged
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.max_in_flight = max_in_flight

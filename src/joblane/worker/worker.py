@@ -236,7 +236,7 @@ class Worker:
         task = asyncio.Task(self._run_job(job, headers), loop=self._loop, eager_start=True)
         # Its first step may have left active already and then waited after (writing the outcome when the
         # completer is backlogged, pausing the queue): only a job still starting gets its task recorded.
-        if not task.done() and job.id in self._active and self._active[job.id][0] is None:
+        if self._active.get(job.id, (task,))[0] is None:  # a done task has left active
             self._active[job.id] = (task, job)
 
     async def _run_job(self, job: Job, headers: str | None = None) -> None:
