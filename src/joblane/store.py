@@ -512,6 +512,9 @@ class Store:
     def finish_outbox(self, ids, outcomes, attempts, delays, errors, relay) -> Statement:
         return self._s("finish_outbox", ids, outcomes, attempts, delays, errors, relay)
 
+    def hash_joins_only(self) -> Statement:
+        return self._s("hash_joins_only")
+
     def plan_for_arguments(self) -> Statement:
         return self._s("plan_for_arguments")
 

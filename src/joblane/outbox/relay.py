@@ -4,7 +4,7 @@ Same shape as the maintenance services: validated configuration with
 defaults, ``run_once()`` that does one batch and returns what it did, and a
 loop that waits for a notification or a jittered poll between batches.
 
-One batch is three steps and two round trips to PostgreSQL:
+One batch is three steps and two transactions in PostgreSQL:
 1. claim: one statement leases up to ``batch_size`` rows (SKIP LOCKED, so
    relays running side by side take different rows) and commits, so no
    transaction stays open while a destination is slow;
@@ -12,7 +12,8 @@ One batch is three steps and two round trips to PostgreSQL:
    ordered route go out one after another, and a failure holds back the
    rest of that key;
 3. finish: one statement marks the whole batch sent, retried (with
-   backoff), failed or released, guarded by the lease this relay holds.
+   backoff), failed or released, guarded by the lease this relay holds,
+   in a transaction planned without nested loops (hash_joins_only).
 A relay that dies between 1 and 3 leaves its rows leased; when the lease
 ends any relay takes them again and re-sends them with the same
 idempotency key.
@@ -437,7 +438,8 @@ class Relay:
                 col.append(value)
         for attempt in range(4):
             try:
-                async with self._pool.acquire() as conn:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    await store.run(conn, self.store.hash_joins_only())
                     rows = await store.records(conn, self.store.finish_outbox(*cols, self.name))
                 return {r[0] for r in rows}
             except asyncio.CancelledError:
