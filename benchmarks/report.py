@@ -201,7 +201,7 @@ def main() -> None:
                   "g: 8 threads enqueueing one job per transaction, with and without",
                   "the wake-up notification.", "",
                   "`python -m joblane bench -w f -w g --json > benchmarks/extra.jsonl` and "
-                  "`python -m joblane bench -w e --jobs 10000 --json >> benchmarks/extra.jsonl`", "",
+                  "`python -m joblane bench -w e --json >> benchmarks/extra.jsonl` (three runs, 20,000 rows each)", "",
                   "| workload | settings | result |", "|---|---|---|"]
         for r in extra:
             shown = f"{r['value']:,.0f} {r['unit']}"
