@@ -506,8 +506,9 @@ class Store:
     def inbox_record(self, key) -> Statement:
         return self._s("inbox_record", key)
 
-    def claim_outbox(self, limit, prefixes, ordered, relay, lease_seconds) -> Statement:
-        return self._s("claim_outbox", limit, prefixes, ordered, relay, lease_seconds)
+    def claim_outbox(self, limit, prefixes, ordered, relay, lease_seconds, after=("", "")) -> Statement:
+        """``after``: the (topic, key) the last claim's walk over keys stopped at; ("", "") for the first key."""
+        return self._s("claim_outbox", limit, prefixes, ordered, relay, lease_seconds, *after)
 
     def finish_outbox(self, ids, outcomes, attempts, delays, errors, relay) -> Statement:
         return self._s("finish_outbox", ids, outcomes, attempts, delays, errors, relay)

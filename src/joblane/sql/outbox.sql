@@ -33,86 +33,156 @@ ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
 -- name: claim_outbox
--- Lease up to $1 deliverable rows whose topic starts with a route prefix $2 (ordered when $3) to relay $4 for $5 seconds.
+-- Lease up to $1 deliverable rows whose topic starts with a route prefix $2 (ordered when $3) to relay $4 for $5 seconds, keys from after ($6, $7).
 --
 -- A row of an ordered route with a key waits while an earlier row of the
--- same (topic, key) is unsent. The claim works in two steps, both with SKIP
--- LOCKED so that relays side by side take different rows:
--- * "head" scans ready rows in (run_after, id) order, taking rows of
---   unordered routes, rows without a key, and of each ordered key only its
---   head: the row with no earlier unsent row. Taking only heads here means a
---   key whose head is backing off never fills the batch with rows that
---   would have to wait, and a retried head (whose run_after is later than
---   its followers') is not pushed out of the batch by them.
--- * "follower" adds, in id order, the ready rows that follow those heads,
---   so a busy key moves many rows per batch; the relay sends one key's rows
---   one after another, and stops at the first that fails.
--- "picked" keeps a follower only if every earlier unsent row of its key is
--- in this batch (one skipped as locked, or cut by LIMIT, holds the rest).
--- Rows locked but not picked are released when this statement commits.
--- The longest matching prefix decides whether a topic is ordered, as it
--- decides the sink.
-WITH route AS (
+-- same (topic, key) is unsent. Rows without a key and rows with one are
+-- found apart, each at a cost that follows the batch, not the backlog:
+-- * "unkeyed": rows without a key, oldest first (run_after, id), through
+--   outbox_ready_unkeyed;
+-- * "walk": keys with unsent rows, one after another in (topic, key) order
+--   from after ($6, $7), one probe of outbox_key_unsent per key, until the
+--   keys seen can fill the batch or $1 keys were seen. An ordered key gives
+--   the run of ready rows that starts at its first unsent row (none when
+--   that one is not ready: failed, backing off, leased); a key of another
+--   route gives its ready rows; either gives at most a hundredth of the
+--   batch (at least a row), and when the walk meets the last key with room
+--   left, the keys that had more share it ("share"). The last row of the
+--   result (id NULL) names the last key seen: the relay passes it to its
+--   next claim, and a walk that finds no key after it starts again from the
+--   first, so every key gets its turn however many wait before it.
+--   ($6, $7) = ('', '') starts from the first key: publish refuses an empty
+--   topic or key.
+-- * "keyed" locks the rows the keys give (SKIP LOCKED, so relays side by
+--   side take different rows); an ordered key keeps its locked rows up to
+--   the first that is not its next unsent row as this statement's snapshot
+--   has them (that one is locked by another relay now, or was leased since).
+-- "picked" takes $1 of both in the turn of each key's first row, a key's
+-- rows one after another, so a cut keeps the start of a key's run (rows
+-- locked but not picked are released when this statement commits). The
+-- longest matching prefix decides whether a topic is ordered, as it decides
+-- the sink.
+WITH RECURSIVE route AS (
     SELECT r.prefix, r.ordered
       FROM unnest($2::text[], $3::bool[]) AS r(prefix, ordered)
-), head AS (
-    SELECT o.id, o.topic, o.key, (m.ordered AND o.key IS NOT NULL) AS ordered
+), unkeyed AS (
+    SELECT o.id, o.run_after
       FROM {schema}.outbox AS o
-     CROSS JOIN LATERAL (
-            SELECT route.ordered
-              FROM route
-             WHERE starts_with(o.topic, route.prefix)
-             ORDER BY length(route.prefix) DESC
-             LIMIT 1
-         ) AS m
-     WHERE o.state = 'pending'
+     CROSS JOIN LATERAL (SELECT 1 FROM route WHERE starts_with(o.topic, route.prefix) LIMIT 1) AS m
+     WHERE o.state = 'pending' AND o.key IS NULL
        AND o.run_after <= now()
        AND (o.lease_until IS NULL OR o.lease_until < now())
-       AND (o.key IS NULL OR NOT m.ordered OR NOT EXISTS (
-             SELECT 1
-               FROM {schema}.outbox AS e
-              WHERE e.topic = o.topic AND e.key = o.key AND e.id < o.id AND e.state <> 'sent'))
      ORDER BY o.run_after, o.id
      LIMIT $1
        FOR UPDATE OF o SKIP LOCKED
-), follower AS (
-    -- One probe per ordered head key, walking outbox_key_unsent in id order.
-    SELECT f.id, f.topic, f.key
-      FROM (SELECT DISTINCT topic, key FROM head WHERE ordered) AS h
-     CROSS JOIN LATERAL (
-            SELECT o.id, o.topic, o.key
-              FROM {schema}.outbox AS o
-             WHERE o.topic = h.topic AND o.key = h.key AND o.state = 'pending'
-               AND o.run_after <= now()
-               AND (o.lease_until IS NULL OR o.lease_until < now())
-               AND o.id NOT IN (SELECT id FROM head)
-             ORDER BY o.id
-             LIMIT greatest($1 - (SELECT count(*) FROM head), 0)
-               FOR UPDATE OF o SKIP LOCKED
-         ) AS f
-     ORDER BY f.id
-     LIMIT greatest($1 - (SELECT count(*) FROM head), 0)
-), picked AS (
-    SELECT id FROM head
+), walk AS (
+    -- row 0 is where the last claim stopped; each next row is the next key with unsent rows
+    SELECT 0 AS n, $6::text AS topic, $7::text AS key, NULL::bool AS ordered, 0::bigint AS gives, 0::bigint AS taken
     UNION ALL
-    SELECT f.id
-      FROM follower AS f
-     WHERE NOT EXISTS (
-             SELECT 1
-               FROM {schema}.outbox AS e
-              WHERE e.topic = f.topic AND e.key = f.key AND e.id < f.id AND e.state <> 'sent'
-                AND e.id NOT IN (SELECT id FROM head)
-                AND e.id NOT IN (SELECT id FROM follower))
+    SELECT w.n + 1, k.topic, k.key, g.ordered, coalesce(g.gives, 0), w.taken + coalesce(g.gives, 0)
+      FROM walk AS w
+     CROSS JOIN LATERAL (
+            SELECT *
+              FROM ((SELECT o.topic, o.key
+                       FROM {schema}.outbox AS o
+                      WHERE o.state <> 'sent' AND o.key IS NOT NULL AND (o.topic, o.key) > (w.topic, w.key)
+                      ORDER BY o.topic, o.key
+                      LIMIT 1)
+                    UNION ALL
+                    (SELECT o.topic, o.key  -- no key after the last claim's: from the first
+                       FROM {schema}.outbox AS o
+                      WHERE o.state <> 'sent' AND o.key IS NOT NULL AND w.n = 0
+                      ORDER BY o.topic, o.key
+                      LIMIT 1)) AS next
+             LIMIT 1
+         ) AS k
+      LEFT JOIN LATERAL (
+            SELECT m.ordered,
+                   CASE WHEN m.ordered THEN (
+                        -- the run of ready rows from the key's first unsent row
+                        SELECT coalesce(min(u.pos) FILTER (WHERE NOT u.ready) - 1, count(*))
+                          FROM (SELECT row_number() OVER (ORDER BY o.id) AS pos,
+                                       (o.state = 'pending' AND o.run_after <= now()
+                                        AND (o.lease_until IS NULL OR o.lease_until < now())) AS ready
+                                  FROM {schema}.outbox AS o
+                                 WHERE o.topic = k.topic AND o.key = k.key AND o.state <> 'sent'
+                                 ORDER BY o.id
+                                 LIMIT least(greatest($1 / 100, 1), $1 - w.taken)) AS u)
+                   ELSE (
+                        SELECT count(*)
+                          FROM (SELECT 1
+                                  FROM {schema}.outbox AS o
+                                 WHERE o.topic = k.topic AND o.key = k.key AND o.state = 'pending'
+                                   AND o.run_after <= now() AND (o.lease_until IS NULL OR o.lease_until < now())
+                                 LIMIT least(greatest($1 / 100, 1), $1 - w.taken)) AS u)
+                   END AS gives
+              FROM (SELECT route.ordered FROM route WHERE starts_with(k.topic, route.prefix)
+                     ORDER BY length(route.prefix) DESC LIMIT 1) AS m
+         ) AS g ON true
+     WHERE w.n < $1 AND w.taken < $1
+), ends AS (
+    -- a walk that met the last key with room left gives the room to the keys that had more rows
+    SELECT CASE WHEN max(n) < $1 THEN $1 - max(taken) ELSE 0 END AS room,
+           count(*) FILTER (WHERE n > 0 AND gives = greatest($1 / 100, 1)) AS more
+      FROM walk
+), share AS (
+    SELECT w.topic, w.key, w.ordered,
+           w.gives + CASE WHEN w.gives = greatest($1 / 100, 1) AND e.room > 0
+                          THEN ceil(e.room::numeric / e.more)::bigint ELSE 0 END AS gives
+      FROM walk AS w, ends AS e
+     WHERE w.n > 0 AND w.gives > 0
+), keyed AS (
+    -- a key's rows go in its first row's turn, one after another, so the cut below keeps a run's start
+    SELECT l.ids[i] AS id, l.afters[1] AS run_after, l.ids[1] AS first, i AS pos
+      FROM share AS w
+     CROSS JOIN LATERAL (
+            SELECT array_agg(o.id ORDER BY o.id) AS ids, array_agg(o.run_after ORDER BY o.id) AS afters
+              FROM (SELECT o.id, o.run_after
+                      FROM {schema}.outbox AS o
+                     WHERE o.topic = w.topic AND o.key = w.key AND o.state = 'pending'
+                       AND o.run_after <= now() AND (o.lease_until IS NULL OR o.lease_until < now())
+                     ORDER BY o.id
+                     LIMIT w.gives
+                       FOR UPDATE OF o SKIP LOCKED) AS o
+         ) AS l
+     CROSS JOIN LATERAL (
+            -- an ordered key's next unsent rows as this statement's snapshot has them
+            SELECT array_agg(u.id ORDER BY u.id) AS ids
+              FROM (SELECT o.id
+                      FROM {schema}.outbox AS o
+                     WHERE w.ordered AND o.topic = w.topic AND o.key = w.key AND o.state <> 'sent'
+                     ORDER BY o.id
+                     LIMIT w.gives) AS u
+         ) AS r
+     CROSS JOIN LATERAL (
+            -- of an ordered key, the locked rows up to the first that is not its next unsent row (that one
+            -- is locked by another relay now, or was leased since this statement's snapshot)
+            SELECT coalesce(min(j) - 1, cardinality(l.ids)) AS keep
+              FROM generate_subscripts(l.ids, 1) AS j
+             WHERE w.ordered AND l.ids[j] IS DISTINCT FROM r.ids[j]
+         ) AS c
+     CROSS JOIN generate_series(1, c.keep) AS i
+), picked AS (
+    SELECT id, run_after, id AS first, 1 AS pos FROM unkeyed
+    UNION ALL
+    SELECT id, run_after, first, pos FROM keyed
+     ORDER BY run_after, first, pos
+     LIMIT $1
+), claimed AS (
+    UPDATE {schema}.outbox AS o
+       SET attempts = o.attempts + 1,
+           lease_until = now() + make_interval(secs => $5::float8),
+           relay = $4
+     -- through the primary key: joining "picked" instead let the planner hash the
+     -- whole table, sent rows included (a sequential scan per claim)
+     WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING o.id, o.topic, o.key, coalesce(o.idempotency_key, 'outbox:' || o.id) AS idempotency_key,
+              o.payload::text AS payload, o.headers::text AS headers, o.attempts, o.max_attempts, o.created_at
 )
-UPDATE {schema}.outbox AS o
-   SET attempts = o.attempts + 1,
-       lease_until = now() + make_interval(secs => $5::float8),
-       relay = $4
- -- through the primary key: joining "picked" instead let the planner hash the
- -- whole table, sent rows included (a sequential scan per claim)
- WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING o.id, o.topic, o.key, coalesce(o.idempotency_key, 'outbox:' || o.id) AS idempotency_key,
-          o.payload::text AS payload, o.headers::text AS headers, o.attempts, o.max_attempts, o.created_at;
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, w.topic, w.key, NULL, NULL, NULL, NULL, NULL, NULL
+  FROM (SELECT topic, key FROM walk ORDER BY n DESC LIMIT 1) AS w;
 
 -- name: finish_outbox
 -- Record a batch's outcomes ($2: sent, retry after $4 seconds, failed, released) for relay $6 in one statement.

@@ -187,6 +187,7 @@ CREATE TABLE {schema}.outbox (
 CREATE INDEX outbox_failed ON {schema}.outbox USING btree (topic, id) WHERE (state = 'failed'::text);
 CREATE INDEX outbox_key_unsent ON {schema}.outbox USING btree (topic, key, id) WHERE ((state <> 'sent'::text) AND (key IS NOT NULL));
 CREATE INDEX outbox_ready ON {schema}.outbox USING btree (run_after, id) WHERE (state = 'pending'::text);
+CREATE INDEX outbox_ready_unkeyed ON {schema}.outbox USING btree (run_after, id) WHERE ((state = 'pending'::text) AND (key IS NULL));
 CREATE INDEX outbox_sent ON {schema}.outbox USING btree (sent_at) WHERE (state = 'sent'::text);
 
 CREATE TABLE {schema}.periodic_ticks (
