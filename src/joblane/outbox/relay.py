@@ -9,7 +9,8 @@ One batch is three steps and two transactions in PostgreSQL:
    relays running side by side take different rows) and commits, so no
    transaction stays open while a destination is slow; rows with a key are
    found key after key, each claim going on from the key the last one
-   stopped at;
+   stopped at (a relay's claims take turns; its batches deliver side by
+   side);
 2. deliver: each route's sink gets its rows at once; rows of one key on an
    ordered route go out one after another, and a failure holds back the
    rest of that key;
@@ -169,8 +170,10 @@ class Relay:
         self.vacuumer = Vacuumer(self.store, tables=("outbox",), interval=vacuum_interval) if vacuum_interval else None
         self._prefixes = [r.prefix for r in routes]
         self._ordered = [r.ordered for r in routes]
-        # where the last claim's walk over keys stopped: the next claim goes on from the key after it
+        # where the last claim's walk over keys stopped: the next claim goes on from the key after it; claims
+        # take turns, so batches side by side walk on from each other instead of all from the same key
         self._after: tuple[str, str] = ("", "")
+        self._claiming = asyncio.Lock()
         self._sinks = list({id(r.sink): r.sink for r in routes}.values())
         self._pool: asyncpg.Pool | None = None
         self._stopping = asyncio.Event()
@@ -251,12 +254,12 @@ class Relay:
         if self._pool is None:
             await self.start()
         result = RelayResult()
-        async with self._pool.acquire() as conn:
-            rows = await store.records(conn, self.store.claim_outbox(limit or self.batch_size, self._prefixes,
-                                                                     self._ordered, self.name, self.lease_seconds,
-                                                                     self._after))
-        *rows, stop = rows  # the last row names the key the walk stopped at (its id is NULL)
-        self._after = (stop[1], stop[2])
+        async with self._claiming:
+            async with self._pool.acquire() as conn:
+                rows = await store.records(conn, self.store.claim_outbox(
+                    limit or self.batch_size, self._prefixes, self._ordered, self.name, self.lease_seconds, self._after))
+            *rows, stop = rows  # the last row names the key the walk stopped at (its id is NULL)
+            self._after = (stop[1], stop[2])
         if not rows:
             return result
         result.claimed = len(rows)
