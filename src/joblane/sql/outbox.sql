@@ -76,10 +76,12 @@ WITH RECURSIVE route AS (
      LIMIT $1
        FOR UPDATE OF o SKIP LOCKED
 ), walk AS (
-    -- row 0 is where the last claim stopped; each next row is the next key with unsent rows
-    SELECT 0 AS n, $6::text AS topic, $7::text AS key, NULL::bool AS ordered, 0::bigint AS gives, 0::bigint AS taken
+    -- row 0 is where the last claim stopped; each next row is the next key with unsent rows.
+    -- "most" is what one key gives at most: a hundredth of the batch, at least a row
+    SELECT 0 AS n, $6::text AS topic, $7::text AS key, NULL::bool AS ordered, 0::bigint AS gives, 0::bigint AS taken,
+           greatest($1 / 100, 1)::bigint AS most
     UNION ALL
-    SELECT w.n + 1, k.topic, k.key, g.ordered, coalesce(g.gives, 0), w.taken + coalesce(g.gives, 0)
+    SELECT w.n + 1, k.topic, k.key, g.ordered, coalesce(g.gives, 0), w.taken + coalesce(g.gives, 0), w.most
       FROM walk AS w
      CROSS JOIN LATERAL (
             SELECT *
@@ -107,14 +109,14 @@ WITH RECURSIVE route AS (
                                   FROM {schema}.outbox AS o
                                  WHERE o.topic = k.topic AND o.key = k.key AND o.state <> 'sent'
                                  ORDER BY o.id
-                                 LIMIT least(greatest($1 / 100, 1), $1 - w.taken)) AS u)
+                                 LIMIT least(w.most, $1 - w.taken)) AS u)
                    ELSE (
                         SELECT count(*)
                           FROM (SELECT 1
                                   FROM {schema}.outbox AS o
                                  WHERE o.topic = k.topic AND o.key = k.key AND o.state = 'pending'
                                    AND o.run_after <= now() AND (o.lease_until IS NULL OR o.lease_until < now())
-                                 LIMIT least(greatest($1 / 100, 1), $1 - w.taken)) AS u)
+                                 LIMIT least(w.most, $1 - w.taken)) AS u)
                    END AS gives
               FROM (SELECT route.ordered FROM route WHERE starts_with(k.topic, route.prefix)
                      ORDER BY length(route.prefix) DESC LIMIT 1) AS m
@@ -123,11 +125,11 @@ WITH RECURSIVE route AS (
 ), ends AS (
     -- a walk that met the last key with room left gives the room to the keys that had more rows
     SELECT CASE WHEN max(n) < $1 THEN $1 - max(taken) ELSE 0 END AS room,
-           count(*) FILTER (WHERE n > 0 AND gives = greatest($1 / 100, 1)) AS more
+           count(*) FILTER (WHERE n > 0 AND gives = most) AS more
       FROM walk
 ), share AS (
     SELECT w.topic, w.key, w.ordered,
-           w.gives + CASE WHEN w.gives = greatest($1 / 100, 1) AND e.room > 0
+           w.gives + CASE WHEN w.gives = w.most AND e.room > 0
                           THEN ceil(e.room::numeric / e.more)::bigint ELSE 0 END AS gives
       FROM walk AS w, ends AS e
      WHERE w.n > 0 AND w.gives > 0
