@@ -127,7 +127,9 @@ SELECT id, state FROM {schema}.jobs WHERE id = ANY($1::bigint[]);
 -- run_after later than now(); against now() it would count as neither ready
 -- nor running, and drain would return before running it.
 SELECT count(*) FROM {schema}.jobs
- WHERE (state = 'pending' AND run_after <= clock_timestamp() AND queue = ANY($1::text[])) OR state = 'running';
+ WHERE (state = 'pending' AND run_after <= clock_timestamp() AND queue = ANY($1::text[])
+        AND hashtext(queue) = ANY(ARRAY(SELECT hashtext(q) FROM unnest($1::text[]) AS q)))
+    OR state = 'running';
 
 -- name: jobs_of_kind
 -- Ids and payloads of the jobs of kind $1 in state $2, oldest first (joblane.testing.assert_enqueued).

@@ -118,7 +118,7 @@ WITH b AS MATERIALIZED (
 ), candidates AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_after, c.payload
       FROM {schema}.jobs AS c
-     WHERE c.state = 'pending' AND c.queue = $1 AND c.run_after <= now()
+     WHERE c.state = 'pending' AND hashtext(c.queue) = hashtext($1) AND c.queue = $1 AND c.run_after <= now()
        AND NOT EXISTS (SELECT 1 FROM blocked AS x WHERE coalesce(c.payload #>> x.key_path, '') = x.key)
        AND (SELECT until FROM paused) IS NULL
      ORDER BY c.priority, c.run_after, c.id
@@ -218,7 +218,8 @@ SELECT b.name, b.queue, b.cap, b.window_seconds, array_to_string(b.key_path, '.'
        p.key, coalesce(p.spent, 0) AS spent, coalesce(p.in_flight, 0) AS in_flight,
        CASE WHEN coalesce(p.spent, 0) + coalesce(p.in_flight, 0) >= b.cap
             THEN (SELECT count(*) FROM {schema}.jobs AS j
-                   WHERE j.state = 'pending' AND j.queue = b.queue AND coalesce(j.payload #>> b.key_path, '') = p.key)
+                   WHERE j.state = 'pending' AND hashtext(j.queue) = hashtext(b.queue) AND j.queue = b.queue
+                     AND coalesce(j.payload #>> b.key_path, '') = p.key)
             ELSE 0 END AS waiting
   FROM b
   LEFT JOIN per_key AS p ON p.budget = b.name

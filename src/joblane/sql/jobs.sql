@@ -111,7 +111,8 @@ RETURNING id;
 --
 -- The statement lives in the function claim_jobs (migration 0008), which keeps
 -- its plan for the session on the server; sql/migrations/0008_claim_jobs.sql
--- says how it walks jobs_ready and why it is a function.
+-- says how it walks jobs_ready and why it is a function, 0010 why the walk
+-- probes the hash of each queue's name.
 SELECT * FROM {schema}.claim_jobs($1::text[], $2::int, $3::text, $4::float8);
 
 -- name: complete_jobs

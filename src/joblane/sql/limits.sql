@@ -139,7 +139,8 @@ WITH lim AS MATERIALIZED (
      CROSS JOIN LATERAL (
             SELECT c.id, c.priority, c.run_after, c.payload
               FROM {schema}.jobs AS c
-             WHERE c.state = 'pending' AND c.queue = $1 AND c.run_after <= now()
+             WHERE c.state = 'pending' AND hashtext(c.queue) = hashtext($1) AND c.queue = $1
+               AND c.run_after <= now()
              ORDER BY c.priority, c.run_after, c.id
              LIMIT CASE WHEN b.per_key IS NULL THEN b.room ELSE greatest(b.room * 20, 500) END
            ) AS j

@@ -158,7 +158,7 @@ CREATE INDEX jobs_failed ON {schema}.jobs USING btree (queue, finished_at) WHERE
 CREATE INDEX jobs_finished ON {schema}.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX jobs_held ON {schema}.jobs USING btree (queue, id) WHERE (state = 'held'::text);
 CREATE INDEX jobs_lease ON {schema}.jobs USING btree (lease_until) WHERE (state = 'running'::text);
-CREATE INDEX jobs_ready ON {schema}.jobs USING btree (queue, priority, run_after, id) WHERE (state = 'pending'::text);
+CREATE INDEX jobs_ready ON {schema}.jobs USING btree (hashtext(queue), priority, run_after, id) INCLUDE (queue) WHERE (state = 'pending'::text);
 CREATE INDEX jobs_replay_of ON {schema}.jobs USING btree (replay_of) WHERE (replay_of IS NOT NULL);
 CREATE INDEX jobs_replay_tag ON {schema}.jobs USING btree (replay_tag, replay_of) WHERE (replay_tag IS NOT NULL);
 CREATE UNIQUE INDEX jobs_unique_key ON {schema}.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text, 'waiting'::text])));
@@ -338,7 +338,8 @@ BEGIN
          CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_after
                   FROM {schema}.jobs AS j
-                 WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+                 WHERE j.state = 'pending' AND hashtext(j.queue) = hashtext(q.name) AND j.queue = q.name
+                   AND j.run_after <= now()
                  ORDER BY j.priority, j.run_after, j.id
                  LIMIT p_limit
                    FOR UPDATE SKIP LOCKED
