@@ -178,6 +178,66 @@ def test_the_claim_stays_an_index_scan_with_a_million_jobs_waiting(million_pendi
         assert "Sort Key: j.priority" not in text.split("Limit")[-1], (mode, text)  # no sort of the backlog
 
 
+def test_an_upgrade_to_version_10_keeps_every_waiting_job_claimable_in_order(joblane_dsn):
+    """Version 10 rebuilds jobs_ready on a hash of the queue's name: jobs that waited across the upgrade
+    are claimed as before, by queue, priority and age, and a job claimed before it finishes after it."""
+    with isolated_schema(joblane_dsn, migrate=False) as schema:
+        app = joblane.App(joblane_dsn, schema=schema)
+        jobs = quote_ident(schema) + ".jobs"
+        with app.connect() as conn:
+            assert migrations.migrate(conn, schema, target=9) == list(range(1, 10))
+            conn.execute(f"INSERT INTO {jobs} (queue, kind, payload, priority)"
+                         " SELECT 'q' || (i % 2), 'k', jsonb_build_object('n', i), (i % 3)::smallint"
+                         " FROM generate_series(1, 30) AS i")
+            conn.commit()
+            [running] = run_sql(conn, app.queries.claim_jobs, [["q0"], 1, "before", 30.0])
+            conn.commit()
+            assert migrations.migrate(conn, schema) == [10]
+            index = conn.execute("SELECT pg_get_indexdef(to_regclass(%s))", (f"{quote_ident(schema)}.jobs_ready",))
+            assert "hashtext(queue)" in index.fetchone()[0]
+            expected = conn.execute(
+                f"SELECT id FROM {jobs} WHERE state = 'pending' AND queue = 'q0' ORDER BY priority, run_after, id"
+            ).fetchall()
+            first = run_sql(conn, app.queries.claim_jobs, [["q0"], 5, "after", 30.0])
+            rest = run_sql(conn, app.queries.claim_jobs, [["q0"], 100, "after", 30.0])
+            conn.commit()
+            assert len(expected) == 14
+            assert {r[0] for r in first} == {r[0] for r in expected[:5]}  # priority, then age, as before
+            assert {r[0] for r in rest} == {r[0] for r in expected[5:]}
+            finished = run_sql(conn, app.queries.complete_jobs, [
+                '[{"id": %d, "attempt": 1, "state": "done", "outcome": "done", "refund": 0,'
+                ' "started_at": 0, "finished_at": 0}]' % running[0], "before"])
+            conn.commit()
+            assert [r[0] for r in finished] == [running[0]]
+            assert len(run_sql(conn, app.queries.claim_jobs, [["q1"], 100, "after", 30.0])) == 15
+
+
+def test_queues_whose_names_share_a_hash_keep_their_jobs_apart(joblane_dsn, joblane_schema):
+    """jobs_ready is keyed by hashtext(queue): a claim, the drain count and the dashboard's counts of one
+    queue never take or count the jobs of another queue whose name has the same hash."""
+    app = joblane.App(joblane_dsn, schema=joblane_schema)
+    with app.connect() as conn:
+        [(a, b)] = conn.execute(
+            "SELECT 'q22137', n FROM (SELECT 'q' || i AS n FROM generate_series(1, 1000000) AS i) AS s"
+            " WHERE hashtext(n) = hashtext('q22137') AND n <> 'q22137' LIMIT 1").fetchall()
+        assert conn.execute("SELECT hashtext(%s) = hashtext(%s)", (a, b)).fetchone()[0]
+        jobs = quote_ident(joblane_schema) + ".jobs"
+        conn.execute(f"INSERT INTO {jobs} (queue, kind, payload, priority)"
+                     " SELECT CASE WHEN i %% 2 = 0 THEN %s ELSE %s END, 'k', jsonb_build_object('n', i), 0"
+                     " FROM generate_series(1, 40) AS i", (a, b))
+        conn.commit()
+        assert run_sql(conn, app.queries.unfinished_count, [[a]]) == [(20,)]
+        counts = {(r[0], r[1]): r[2] for r in run_sql(conn, app.queries.dashboard_queue_counts, [])}
+        assert counts[(a, "pending")] == 20 and counts[(b, "pending")] == 20
+        mine = [r[0] for r in conn.execute(f"SELECT id FROM {jobs} WHERE queue = %s ORDER BY id", (a,))]
+        first = run_sql(conn, app.queries.claim_jobs, [[a], 15, "w", 30.0])
+        second = run_sql(conn, app.queries.claim_jobs, [[a], 15, "w", 30.0])
+        conn.commit()
+        assert {r[1] for r in first + second} == {a}
+        assert {r[0] for r in first} == set(mine[:15]) and {r[0] for r in second} == set(mine[15:])
+        assert len(run_sql(conn, app.queries.claim_jobs, [[a, b], 100, "w", 30.0])) == 20  # b's, untouched so far
+
+
 @pytest.fixture(scope="module")
 def million_pending(joblane_dsn):
     """A schema with 1,000,000 pending jobs in three queues and 100,000 finished ones, analysed."""
