@@ -6,6 +6,7 @@ import asyncio
 import uuid
 
 import asyncpg
+import psycopg
 import pytest
 
 import joblane
@@ -207,6 +208,68 @@ async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_ds
     finally:
         await c.close()
     assert count(conn, app, f"id = {job_id}") == 0
+
+
+async def test_a_lean_completion_deletes_plain_jobs_and_sets_linked_ones_done(app, conn, joblane_dsn):
+    """delete_done on one batch: plain jobs go with their steps and earlier tries; a job others wait for, and a
+    batch member, are set done instead (its child released, the batch counted); another worker's job stays."""
+    plain, retried, parent, other = (app.enqueue(conn, "k", {"n": n}) for n in range(4))
+    child = app.enqueue(conn, "k", {"child": True}, after=[parent])
+    batch = app.batch(conn)
+    member = batch.enqueue(conn, "k", {"n": 4})
+    batch.seal(conn)
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        claimed = {r["id"] for r in await c.fetch(app.queries.claim_jobs, ["default"], 10, "w", 30.0)}
+        assert claimed == {plain, retried, parent, other, member}
+        jobs = table(app, "jobs")
+        conn.execute(f"UPDATE {jobs} SET attempts = 2 WHERE id = %s", (retried,))
+        conn.execute(f"INSERT INTO {table(app, 'attempts')} (job_id, attempt, outcome) VALUES (%s, 1, 'retry')",
+                     (retried,))
+        conn.execute(f"INSERT INTO {table(app, 'job_steps')} (job_id, name, attempt, result)"
+                     " VALUES (%s, 'fetch', 1, '{}'), (%s, 'fetch', 1, '{}')", (plain, parent))
+        conn.execute(f"UPDATE {jobs} SET worker = 'v' WHERE id = %s", (other,))
+        ids = [plain, retried, parent, member, other]
+        finished = await c.fetch(app.queries.delete_done, ids, [1, 2, 1, 1, 1], "w")
+    finally:
+        await c.close()
+    assert sorted(r["id"] for r in finished) == sorted([plain, retried, parent, member])
+    states = dict(conn.execute(f"SELECT id, state FROM {jobs} WHERE id = ANY(%s)", (ids + [child],)).fetchall())
+    assert states == {parent: "done", member: "done", other: "running", child: "pending"}
+    assert count(conn, app, "true") == 4
+    steps = conn.execute(f"SELECT job_id FROM {table(app, 'job_steps')}").fetchall()
+    assert steps == [(parent,)], "the deleted job's steps went with it; the kept job keeps its own"
+    assert conn.execute(f"SELECT count(*) FROM {table(app, 'attempts')}").fetchone()[0] == 0
+    assert batch.progress(conn)["done"] == 1
+
+
+async def test_a_job_linked_while_its_lean_completion_waits_is_set_done_not_deleted(app, conn, joblane_dsn):
+    """A child enqueued after= a running lean job, in a transaction that commits while the completion waits for
+    the job's row: the completion sees the link, keeps the job as done, and the child is released."""
+    parent = app.enqueue(conn, "k", {})
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        [row] = await c.fetch(app.queries.claim_jobs, ["default"], 1, "w", 30.0)
+        assert row["id"] == parent
+        with psycopg.connect(joblane_dsn) as linker:
+            child = app.enqueue(linker, "k", {"child": True}, after=[parent])  # locks the parent's row
+            completion = asyncio.create_task(c.fetch(app.queries.delete_done, [parent], [1], "w"))
+            pid = c.get_server_pid()
+            waiting = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if conn.execute(waiting, (pid,)).fetchone()[0]:
+                    break
+            else:
+                raise AssertionError("the completion never waited for the parent's row")
+            linker.commit()
+        finished = await asyncio.wait_for(completion, 10)
+    finally:
+        await c.close()
+    assert [r["id"] for r in finished] == [parent]
+    jobs = table(app, "jobs")
+    states = dict(conn.execute(f"SELECT id, state FROM {jobs} WHERE id IN (%s, %s)", (parent, child)).fetchall())
+    assert states == {parent: "done", child: "pending"}
 
 
 async def test_an_outcome_repeated_within_one_batch_applies_once(app, conn, joblane_dsn):

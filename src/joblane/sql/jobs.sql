@@ -168,20 +168,25 @@ SELECT id FROM applied;
 -- other jobs wait for (has_children) or that belongs to a batch is not
 -- deleted but set done, without an attempts row: the jobs_flow trigger
 -- releases its children or closes its batch as for any completion.
-WITH mine AS (
-    SELECT j.id, j.attempts, (coalesce(j.has_children, false) OR j.batch_id IS NOT NULL) AS linked
-      FROM {schema}.jobs AS j
+--
+-- The DELETE checks the guard itself, with no row locked first: a lock
+-- before the delete costs a second WAL record per job (as much as the
+-- delete). A job linked by a transaction that commits while this one waits
+-- for its row fails the delete's re-check; the UPDATE then takes every
+-- guarded job the delete did not, so it is set done instead.
+WITH gone AS (
+    DELETE FROM {schema}.jobs AS j
      WHERE j.id = ANY($1::bigint[]) AND j.state = 'running' AND j.worker = $3
        AND j.attempts = ($2::int[])[array_position($1::bigint[], j.id)]
-       FOR UPDATE
-), gone AS (
-    DELETE FROM {schema}.jobs AS j
-     WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE NOT linked))
+       AND j.has_children IS NOT TRUE AND j.batch_id IS NULL
  RETURNING j.id, j.attempts
 ), kept AS (
     UPDATE {schema}.jobs AS j
        SET state = 'done', lease_until = NULL, worker = NULL, finished_at = now()
-     WHERE j.id = ANY(ARRAY(SELECT id FROM mine WHERE linked))
+     WHERE (SELECT count(*) FROM gone) < cardinality($1::bigint[])  -- once: when every job went, no scan
+       AND j.id = ANY($1::bigint[]) AND j.id NOT IN (SELECT id FROM gone)
+       AND j.state = 'running' AND j.worker = $3
+       AND j.attempts = ($2::int[])[array_position($1::bigint[], j.id)]
  RETURNING j.id
 ), steps AS (
     DELETE FROM {schema}.job_steps AS s WHERE s.job_id = ANY(ARRAY(SELECT id FROM gone))
