@@ -10,7 +10,9 @@ import pytest
 import joblane
 from joblane import migrations
 from joblane.queries import Queries, catalogue, parse, quote_ident, validate_schema
+from joblane.store import outcome_rows
 from joblane.testing import isolated_schema, new_schema_name
+from joblane.types import Outcome
 from .helpers import run_sql
 
 
@@ -176,6 +178,41 @@ def test_the_claim_stays_an_index_scan_with_a_million_jobs_waiting(million_pendi
         assert "jobs_ready" in text and "jobs_pkey" in text, (mode, text)
         assert not scans_other_than_pauses(text) and "Hash" not in text, (mode, text)
         assert "Sort Key: j.priority" not in text.split("Limit")[-1], (mode, text)  # no sort of the backlog
+
+
+def statement_plans(conn, sql: str, args: tuple) -> dict[str, str]:
+    """EXPLAIN of a named query (no rows written): the plan made for ``args``, and its generic plan."""
+    custom = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + sql, args))
+    cur = psycopg.ClientCursor(conn)
+    cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    cur.execute("PREPARE probe AS " + sql)
+    try:
+        cur.execute("EXPLAIN EXECUTE probe(" + ", ".join(["%s"] * len(args)) + ")", args)
+        generic = "\n".join(r[0] for r in cur.fetchall())
+    finally:
+        cur.execute("DEALLOCATE probe")
+    return {"custom": custom, "generic": generic}
+
+
+def test_completions_and_heartbeats_read_the_jobs_they_name_not_every_running_job(million_pending):
+    """complete_jobs, delete_done and extend_leases reach their 200 jobs through the primary key. Through
+    jobs_lease they would read all 5,000 running jobs of every worker and test each against the id array."""
+    app, conn = million_pending
+    jobs = quote_ident(app.schema) + ".jobs"
+    with conn.transaction(force_rollback=True):  # the module's other tests see the million pending jobs again
+        conn.execute(
+            f"UPDATE {jobs} SET state = 'running', attempts = 1, lease_until = now() + interval '1 minute',"
+            " worker = CASE WHEN id % 25 = 0 THEN 'w' ELSE 'elsewhere' END"
+            f" WHERE id IN (SELECT id FROM {jobs} WHERE state = 'pending' ORDER BY id LIMIT 5000)")
+        conn.execute(f"ANALYZE {jobs}")
+        mine = [r[0] for r in conn.execute(f"SELECT id FROM {jobs} WHERE worker = 'w' ORDER BY id")]
+        assert len(mine) == 200
+        outcomes = outcome_rows([Outcome.done(i, 1, started_at=1.0, finished_at=2.0) for i in mine])
+        for name, args in (("complete_jobs", (outcomes, "w")), ("delete_done", (mine, [1] * len(mine), "w")),
+                           ("extend_leases", (mine, "w", 30.0))):
+            for mode, text in statement_plans(conn, getattr(app.queries, name), args).items():
+                assert "jobs_pkey" in text, (name, mode, text)
+                assert "jobs_lease" not in text and "Seq Scan on jobs" not in text, (name, mode, text)
 
 
 def test_an_upgrade_to_version_10_keeps_every_waiting_job_claimable_in_order(joblane_dsn):

@@ -145,9 +145,10 @@ WITH outcome AS (
            worker = NULL,
            finished_at = CASE WHEN o.state IN ('done', 'failed', 'cancelled') THEN now() END
       FROM outcome AS o
-     -- "j.id = ANY(...)" gives the planner a primary-key path to the rows
+     -- "j.id = ANY(...)" is the primary-key path to the rows; the state test is written so that it
+     -- cannot match jobs_lease's predicate (see extend_leases), which keeps the planner on that path
      WHERE j.id = ANY(ARRAY(SELECT id FROM outcome)) AND j.id = o.id
-       AND j.state = 'running' AND j.attempts = o.attempt AND j.worker = $2
+       AND (j.state = 'running') IS TRUE AND j.attempts = o.attempt AND j.worker = $2
  RETURNING j.id
 ), audit AS (
     INSERT INTO {schema}.attempts (job_id, attempt, worker, started_at, finished_at, outcome, error, meta)
@@ -176,7 +177,7 @@ SELECT id FROM applied;
 -- guarded job the delete did not, so it is set done instead.
 WITH gone AS (
     DELETE FROM {schema}.jobs AS j
-     WHERE j.id = ANY($1::bigint[]) AND j.state = 'running' AND j.worker = $3
+     WHERE j.id = ANY($1::bigint[]) AND (j.state = 'running') IS TRUE AND j.worker = $3
        AND j.attempts = ($2::int[])[array_position($1::bigint[], j.id)]
        AND j.has_children IS NOT TRUE AND j.batch_id IS NULL
  RETURNING j.id, j.attempts
@@ -185,7 +186,7 @@ WITH gone AS (
        SET state = 'done', lease_until = NULL, worker = NULL, finished_at = now()
      WHERE (SELECT count(*) FROM gone) < cardinality($1::bigint[])  -- once: when every job went, no scan
        AND j.id = ANY($1::bigint[]) AND j.id NOT IN (SELECT id FROM gone)
-       AND j.state = 'running' AND j.worker = $3
+       AND (j.state = 'running') IS TRUE AND j.worker = $3
        AND j.attempts = ($2::int[])[array_position($1::bigint[], j.id)]
  RETURNING j.id
 ), steps AS (
@@ -199,9 +200,17 @@ SELECT id FROM kept;
 
 -- name: extend_leases
 -- Heartbeat: extend the leases of the jobs worker $2 still runs; returns those it still owns.
+--
+-- "(state = 'running') IS TRUE" is "state = 'running'" (state is never
+-- NULL) in a form the planner cannot match to jobs_lease's predicate. Where
+-- it can, it reads every running job of every worker through that index and
+-- tests each against the whole id array (two linear searches a row in
+-- delete_done); through the primary key it reads the jobs named and no
+-- others, however many run elsewhere. complete_jobs and delete_done test the
+-- state the same way.
 UPDATE {schema}.jobs
    SET lease_until = now() + make_interval(secs => $3::float8)
- WHERE id = ANY($1::bigint[]) AND state = 'running' AND worker = $2
+ WHERE id = ANY($1::bigint[]) AND (state = 'running') IS TRUE AND worker = $2
 RETURNING id;
 
 -- name: rescue_expired
