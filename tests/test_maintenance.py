@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import asyncpg
@@ -270,6 +271,33 @@ async def test_a_job_linked_while_its_lean_completion_waits_is_set_done_not_dele
     jobs = table(app, "jobs")
     states = dict(conn.execute(f"SELECT id, state FROM {jobs} WHERE id IN (%s, %s)", (parent, child)).fetchall())
     assert states == {parent: "done", child: "pending"}
+
+
+async def test_an_outcome_with_nothing_but_its_state_goes_short_and_applies_as_in_full(app, conn, joblane_dsn):
+    """outcome_rows leaves out what is null or zero (most successes); complete_jobs reads it as written in full:
+    a success, a retry due now with no error, and a try given back (refunded, delayed) side by side."""
+    done_id, again_id, back_id = (app.enqueue(conn, "k", {"n": n}) for n in range(3))
+    batch = [Outcome.done(done_id, 1, started_at=1.5, finished_at=2.5),
+             Outcome(again_id, 1, "pending", "retry"),
+             Outcome(back_id, 1, "pending", "released", refund=1, delay=60.0)]
+    document = outcome_rows(batch)
+    assert [len(o) for o in json.loads(document)] == [6, 6, 11]
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        claimed = await c.fetch(app.queries.claim_jobs, ["default"], 3, "w", 30.0)
+        assert sorted(r["id"] for r in claimed) == [done_id, again_id, back_id]
+        applied = await c.fetch(app.queries.complete_jobs, document, "w")
+    finally:
+        await c.close()
+    assert sorted(r["id"] for r in applied) == [done_id, again_id, back_id]
+    rows = conn.execute(f"SELECT id, state, attempts, run_after <= now(), finished_at IS NOT NULL, last_error"
+                        f" FROM {table(app, 'jobs')} ORDER BY id").fetchall()
+    assert rows == [(done_id, "done", 1, True, True, None), (again_id, "pending", 1, True, False, None),
+                    (back_id, "pending", 0, False, False, None)]
+    tries = conn.execute(f"SELECT job_id, attempt, outcome, extract(epoch FROM started_at), error, meta"
+                         f" FROM {table(app, 'attempts')} ORDER BY job_id").fetchall()
+    assert tries == [(done_id, 1, "done", 1.5, None, None), (again_id, 1, "retry", None, None, None),
+                     (back_id, 1, "released", None, None, None)]
 
 
 async def test_an_outcome_repeated_within_one_batch_applies_once(app, conn, joblane_dsn):

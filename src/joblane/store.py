@@ -175,12 +175,19 @@ def stream(conn: Any, stmt: Statement, *, page: int = 2000) -> Iterator[tuple]:
 
 _OUTCOME = ('{"id":%d,"attempt":%d,"state":"%s","outcome":"%s","error":%s,"delay":%r,"refund":%d,'
             '"result":%s,"started_at":%s,"finished_at":%s,"meta":%s}')
+# A try with nothing to add to its state and times (most successes): its object leaves out the fields
+# that would be null or zero, which complete_jobs reads as such; a third less to send and to parse.
+_PLAIN = '{"id":%d,"attempt":%d,"state":"%s","outcome":"%s","started_at":%s,"finished_at":%s}'
 
 
 def outcome_rows(outcomes: Sequence[Any]) -> str:
     """The JSON array ``complete_jobs`` takes: one object per Outcome (types.Outcome)."""
     encode = json.JSONEncoder(ensure_ascii=False).encode
     return "[" + ",".join(
+        _PLAIN % (o.job_id, o.attempt, o.state, o.outcome,
+                  "null" if o.started_at is None else repr(float(o.started_at)),
+                  "null" if o.finished_at is None else repr(float(o.finished_at)))
+        if o.error is None and o.result is None and o.meta is None and not o.refund and not o.delay else
         _OUTCOME % (o.job_id, o.attempt, o.state, o.outcome, "null" if o.error is None else encode(o.error),
                     float(o.delay), o.refund, "null" if o.result is None else o.result,
                     "null" if o.started_at is None else repr(float(o.started_at)),

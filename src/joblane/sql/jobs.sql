@@ -122,7 +122,8 @@ SELECT * FROM {schema}.claim_jobs($1::text[], $2::int, $3::text, $4::float8);
 -- a job that was rescued, cancelled or re-claimed meanwhile is left alone,
 -- and only the rows that applied get an attempts row. The outcomes come as
 -- one jsonb document: the server parses it in C, where eleven array
--- parameters would cost the worker more to encode than the update costs.
+-- parameters would cost the worker more to encode than the update costs. An
+-- object may leave out a field that is null, and delay and refund when 0.
 -- A job named twice in one document (one try run twice, a failed batch put
 -- back beside its copy) takes its first-finished outcome only: the update
 -- would apply one copy, the attempts row must be that copy's, and only one.
@@ -135,11 +136,11 @@ WITH outcome AS (
 ), applied AS (
     UPDATE {schema}.jobs AS j
        SET state = o.state,
-           attempts = j.attempts - o.refund,
+           attempts = j.attempts - coalesce(o.refund, 0),
            last_error = coalesce(o.error, j.last_error),
            result = coalesce(o.result, j.result),
            run_after = CASE WHEN o.state = 'pending'
-                            THEN now() + make_interval(secs => o.delay)
+                            THEN now() + make_interval(secs => coalesce(o.delay, 0))
                             ELSE j.run_after END,
            lease_until = NULL,
            worker = NULL,
