@@ -107,7 +107,9 @@ def fetch(conn: Any, stmt: Statement, *, prepare: bool = False) -> list[tuple]:
         )
     with psycopg.RawCursor(raw) as cur:
         cur.execute(stmt.sql, stmt.args, prepare=None if prepare else False)
-        return cur.fetchall() if cur.description is not None else []
+        # rownumber is None when the statement returned no rows to fetch; description would build
+        # a Column per field to say the same (about a tenth of the client's time for one enqueue)
+        return cur.fetchall() if cur.rownumber is not None else []
 
 
 async def fetch_async(conn: Any, stmt: Statement, *, prepare: bool = False) -> list[tuple]:
@@ -116,7 +118,7 @@ async def fetch_async(conn: Any, stmt: Statement, *, prepare: bool = False) -> l
     if isinstance(raw, psycopg.AsyncConnection):
         async with psycopg.AsyncRawCursor(raw) as cur:
             await cur.execute(stmt.sql, stmt.args, prepare=None if prepare else False)
-            return await cur.fetchall() if cur.description is not None else []
+            return await cur.fetchall() if cur.rownumber is not None else []
     if is_asyncpg(raw) or hasattr(raw, "fetch"):
         return [tuple(r) for r in await raw.fetch(stmt.sql, *stmt.args)]
     if isinstance(raw, psycopg.Connection):
