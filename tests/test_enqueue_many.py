@@ -163,6 +163,8 @@ def test_the_typed_bulk_form_shares_its_options(app, conn, monkeypatch):
     assert resize.enqueue_many(conn, []) == []
     with pytest.raises(joblane.JoblaneError, match=r"^payloads\[1\]: payload contains a NUL"):
         resize.enqueue_many(conn, [{"ok": 1}, {"x": "\x00"}])
+    with pytest.raises(joblane.JoblaneError, match=r"^payloads\[2\]: payload is not JSON-serialisable: Circular"):
+        resize.enqueue_many(conn, [{"ok": 1}, {"ok": 2}, CIRCULAR])
     with pytest.raises(joblane.JoblaneError, match="invalid queue name"):
         resize.enqueue_many(conn, [{"ok": 1}], queue="no such queue")
     with pytest.raises(TypeError):
@@ -170,8 +172,13 @@ def test_the_typed_bulk_form_shares_its_options(app, conn, monkeypatch):
     assert count(conn, app) == 6
 
 
+CIRCULAR: dict = {}
+CIRCULAR["self"] = CIRCULAR  # the bulk encoder keeps no table of containers: to_json names this one
+
+
 @pytest.mark.parametrize("bad, message", [
     (("k", {"x": "\x00"}), "payload contains a NUL"),
+    (("k", CIRCULAR), "payload is not JSON-serialisable: Circular reference detected"),
     (("k", {"x": float("nan")}), "payload is not JSON-serialisable"),
     (JobSpec("k", {}, queue="bad queue"), "invalid queue name"),
     (JobSpec("k", {}, unique_key=""), "unique_key must be"),

@@ -45,10 +45,11 @@ SELECT id FROM {schema}.jobs
 -- The notifications are an init plan in the argument of the function that
 -- reads the payloads, so they run once, before the first row: one per queue
 -- per statement, however many rows. (As a WHERE clause the same init plan
--- costs a Result node per row, about a tenth of the statement.)
+-- costs a Result node per row, about a tenth of the statement.) The run_after
+-- all the jobs share is an init plan too: computed once, not once a row.
 INSERT INTO {schema}.jobs (queue, kind, payload, priority, max_attempts, run_after, state)
 SELECT $2::text, $3::text, p.value, $4::smallint, $5::int,
-       coalesce($6::timestamptz, now()) + make_interval(secs => $7::float8), $8::text
+       (SELECT coalesce($6::timestamptz, now()) + make_interval(secs => $7::float8)), $8::text
   FROM jsonb_array_elements(
            CASE WHEN (SELECT count(pg_notify($9, q.name)) FROM unnest($10::text[]) AS q(name)) >= 0
                 THEN $1::text::jsonb END) AS p
