@@ -103,20 +103,26 @@ def claim_statement(conn, schema: str) -> str:
     return statement
 
 
-def claim_plans(conn, schema: str, queues: list[str], claim: int) -> dict[str, str]:
-    """EXPLAIN of the claim: the plan made for these arguments, and the generic plan the function keeps."""
-    statement = claim_statement(conn, schema)
-    custom = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + statement, [queues, claim, "w", 30.0]))
+def statement_plans(conn, sql: str, args, types: str | None = None) -> dict[str, str]:
+    """EXPLAIN of a statement (no rows written): the plan made for ``args``, and its generic plan
+    (``types``: the parameters' types, where the statement does not say them)."""
+    custom = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + sql, args))
     cur = psycopg.ClientCursor(conn)
     with conn.transaction():
         cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        cur.execute("PREPARE claim_probe(text[], int, text, float8) AS " + statement)
+        cur.execute("PREPARE probe" + (f"({types})" if types else "") + " AS " + sql)
         try:
-            cur.execute("EXPLAIN EXECUTE claim_probe(%s, %s, %s, %s)", (queues, claim, "w", 30.0))
+            cur.execute("EXPLAIN EXECUTE probe(" + ", ".join(["%s"] * len(args)) + ")", args)
             generic = "\n".join(r[0] for r in cur.fetchall())
         finally:
-            cur.execute("DEALLOCATE claim_probe")
+            cur.execute("DEALLOCATE probe")
     return {"custom": custom, "generic": generic}
+
+
+def claim_plans(conn, schema: str, queues: list[str], claim: int) -> dict[str, str]:
+    """EXPLAIN of the claim: the plan made for these arguments, and the generic plan the function keeps."""
+    return statement_plans(conn, claim_statement(conn, schema), (queues, claim, "w", 30.0),
+                           "text[], int, text, float8")
 
 
 def scans_other_than_pauses(plan: str) -> list[str]:
@@ -178,20 +184,6 @@ def test_the_claim_stays_an_index_scan_with_a_million_jobs_waiting(million_pendi
         assert "jobs_ready" in text and "jobs_pkey" in text, (mode, text)
         assert not scans_other_than_pauses(text) and "Hash" not in text, (mode, text)
         assert "Sort Key: j.priority" not in text.split("Limit")[-1], (mode, text)  # no sort of the backlog
-
-
-def statement_plans(conn, sql: str, args: tuple) -> dict[str, str]:
-    """EXPLAIN of a named query (no rows written): the plan made for ``args``, and its generic plan."""
-    custom = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + sql, args))
-    cur = psycopg.ClientCursor(conn)
-    cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-    cur.execute("PREPARE probe AS " + sql)
-    try:
-        cur.execute("EXPLAIN EXECUTE probe(" + ", ".join(["%s"] * len(args)) + ")", args)
-        generic = "\n".join(r[0] for r in cur.fetchall())
-    finally:
-        cur.execute("DEALLOCATE probe")
-    return {"custom": custom, "generic": generic}
 
 
 def test_completions_and_heartbeats_read_the_jobs_they_name_not_every_running_job(million_pending):
