@@ -122,6 +122,43 @@ async def test_the_vacuumer_vacuums_a_table_once_its_dead_rows_pile_up(app, conn
             Vacuumer(app.store, **bad)
 
 
+async def test_the_vacuumer_comes_back_as_soon_as_its_vacuums_can_afford(app, conn, joblane_dsn):
+    """The wait after a vacuum is its duration over ``share``, within [check, interval]: a quick vacuum of a
+    busy table is followed by the next within seconds, however long the interval; a slow one is not."""
+    ids = [fabricate(conn, app, state="pending") for _ in range(300)]
+
+    def churn(priority: int) -> None:  # a dead version of every row, as claims and completions leave
+        with conn.transaction():
+            conn.execute(f"UPDATE {table(app, 'jobs')} SET priority = %s WHERE id = ANY(%s)", (priority, ids))
+            conn.execute("SELECT pg_stat_force_next_flush()")
+
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        vacuumer = Vacuumer(app.store, tables=("jobs",), interval=3600, min_dead=250, check=0.2, share=0.5)
+        assert vacuumer.interval == 0.2  # a look at the statistics every check
+        assert vacuumer.wait("jobs") == 3600  # nothing measured yet: the whole interval, as autovacuum's last pass
+        churn(1)
+        assert await vacuumer.run_once(c) == [("jobs", 300)]  # never vacuumed: due
+        took = vacuumer.took["jobs"]
+        assert vacuumer.wait("jobs") == max(0.2, took / 0.5) < 3600
+        churn(2)
+        assert await vacuumer.run_once(c) == []  # just vacuumed
+        await asyncio.sleep(vacuumer.wait("jobs") + 0.05)
+        assert await vacuumer.run_once(c) == [("jobs", 300)]  # an hour's interval, yet due again
+        assert dead_rows(conn, app, "jobs") == (0, True)
+        # a vacuum that took long keeps the table waiting in proportion (here: the whole interval)
+        vacuumer.took["jobs"] = 3600.0
+        churn(3)
+        await asyncio.sleep(0.3)
+        assert await vacuumer.run_once(c) == []
+        assert dead_rows(conn, app, "jobs")[0] == 300
+    finally:
+        await c.close()
+    for bad in ({"check": 0}, {"share": 0}, {"share": 1.5}):
+        with pytest.raises(ValueError):
+            Vacuumer(app.store, tables=("jobs",), **bad)
+
+
 async def test_the_vacuumer_leaves_tables_it_does_not_own_to_autovacuum(app, conn, joblane_dsn):
     ids = [fabricate(conn, app, state="pending") for _ in range(50)]
     with conn.transaction():

@@ -33,7 +33,8 @@ from .common import (Duration, Fail, Table, app_from_context, console, emit_json
 @click.option("--retention", "retention_seconds", default="7d", show_default=True, type=Duration(),
               help="Delete sent rows older than this: 7d, 12h, 30m, or plain seconds.")
 @click.option("--vacuum-interval", default="10s", show_default=True, type=Duration(),
-              help="Vacuum outbox once its dead row versions pile up, checked this often; 0 leaves it to autovacuum.")
+              help="Vacuum outbox once its dead row versions pile up, at least this often (sooner while "
+                   "its vacuums are quick); 0 leaves it to autovacuum.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs joblane[telemetry]).")

@@ -344,8 +344,9 @@ DELETE FROM {schema}.processes
 RETURNING name;
 
 -- name: vacuum_due
--- Which of tables $2 in schema $1 hold at least $3 dead row versions and had no vacuum for $4 seconds, among those this role may vacuum.
-SELECT c.relname::text, s.n_dead_tup
+-- Which of tables $2 in schema $1 hold at least $3 dead row versions and had no vacuum for $4 seconds, among those this role may vacuum; with the seconds since their last vacuum.
+SELECT c.relname::text, s.n_dead_tup,
+       coalesce(extract(epoch FROM now() - greatest(s.last_autovacuum, s.last_vacuum))::float8, 'Infinity')
   FROM pg_class c
   JOIN pg_namespace n ON n.oid = c.relnamespace
   JOIN pg_stat_all_tables s ON s.relid = c.oid
