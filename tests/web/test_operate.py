@@ -258,6 +258,27 @@ async def roll_up(app):
         await conn.close()
 
 
+async def test_history_rolls_up_nothing_before_the_oldest_attempt(app, conn):
+    slices = table(app, "history_slices")
+    assert await roll_up(app) == 0  # a new schema: not a week of empty slices
+    assert conn.execute(f"SELECT count(*) FROM {slices}").fetchone()[0] == 0
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=2, hours_ago=5)
+    first_hour = conn.execute("SELECT date_trunc('hour', now() - interval '5 hours', 'UTC')").fetchone()[0]
+    assert await roll_up(app) >= 3  # the whole hours from the attempt's on (the last two go in five-minute slices)
+    starts = [r[0] for r in conn.execute(f"SELECT start FROM {slices} ORDER BY start")]
+    assert starts[0] == first_hour
+    # every hour from the attempt's to the one before the last, each once
+    hours = conn.execute(f"SELECT count(*) FROM {slices} WHERE seconds = 3600").fetchone()[0]
+    expected = conn.execute("SELECT extract(epoch FROM date_trunc('hour', now(), 'UTC') - interval '2 hours' - %s)"
+                            " / 3600 + 1", (first_hour,)).fetchone()[0]
+    assert hours == expected
+    # an attempt that lands later in an hour before those (a worker's clock, a late write) is rolled up then
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=1, hours_ago=30)
+    assert await roll_up(app) >= 24
+    assert conn.execute(f"SELECT min(start) FROM {slices}").fetchone()[0] == conn.execute(
+        "SELECT date_trunc('hour', now() - interval '30 hours', 'UTC')").fetchone()[0]
+
+
 async def test_history_counts_outcomes_and_latency_per_window_rolled_up_or_not(app, conn, client):
     add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=5, hours_ago=0.25)
     add_attempts(conn, app, queue="leads", kind="enrich", outcome="failed", n=1, hours_ago=0.25)

@@ -29,9 +29,9 @@ def fill(conn, app, jobs: int = JOBS, per_job: int = ATTEMPTS_PER_JOB) -> None:
         " SELECT 'q' || (i %% 8), 'k' || (i %% 40), CASE WHEN i %% 100 = 0 THEN 'failed' ELSE 'done' END, %s,"
         "        jsonb_build_object('tenant', 't' || (i %% 500), 'n', i),"
         "        CASE WHEN i %% 100 = 0 THEN 'TimeoutError: model API' END,"
-        "        now() - (i %% 604800) * interval '1 second' - interval '3 seconds',"
-        "        now() - (i %% 604800) * interval '1 second'"
-        "   FROM generate_series(1, %s) AS i", (per_job, jobs))
+        "        now() - (i::bigint * 604000 / %s) * interval '1 second' - interval '3 seconds',"
+        "        now() - (i::bigint * 604000 / %s) * interval '1 second'"
+        "   FROM generate_series(1, %s) AS i", (per_job, jobs, jobs, jobs))
     conn.execute(
         f"INSERT INTO {a} (job_id, attempt, outcome, started_at, finished_at)"
         f" SELECT j.id, t, CASE WHEN t < %s THEN 'retry' WHEN j.state = 'failed' THEN 'failed' ELSE 'done' END,"

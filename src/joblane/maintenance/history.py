@@ -15,7 +15,8 @@ class History(Service):
     """Rolls up what the last week's slices of attempts hold, oldest first.
 
     An hour before the last one that nothing covers yet (a first start, a
-    worker that was down) is rolled up whole; the current and the last hour
+    worker that was down) is rolled up whole, unless it ends before the
+    oldest attempt (nothing to roll up); the current and the last hour
     go in five-minute slices, so a page (the 1 h window too) reads the
     attempts of a few minutes at most; once an hour before the last one has
     all twelve, they are merged into one. A slice is

@@ -17,17 +17,26 @@ SET LOCAL jit = off;
 
 -- name: history_hours_todo
 -- UTC hours of the last $1 hours, before the last one, that no slice covers any part of, oldest first, at most $2 (the last and the current hour go in five-minute slices).
+--
+-- Hours before the one of the oldest attempt hold nothing to roll up (a new
+-- schema, or a week before the first job): they are left out, so a first
+-- start does not spend its first second on a week of empty slices. The page
+-- reads an hour no slice covers from the attempts themselves: none there.
 SELECT h.start
   FROM generate_series(date_trunc('hour', now(), 'UTC') - make_interval(hours => $1::int),
                        date_trunc('hour', now(), 'UTC') - interval '2 hours',
                        interval '1 hour') AS h(start)
  WHERE NOT EXISTS (SELECT 1 FROM {schema}.history_slices AS d
                     WHERE d.start >= h.start AND d.start < h.start + interval '1 hour')
+   AND h.start >= (SELECT date_trunc('hour', min(a.finished_at), 'UTC') FROM {schema}.attempts AS a)
  ORDER BY h.start
  LIMIT $2;
 
 -- name: history_minutes_todo
 -- Closed five-minute slices (ended more than $1 seconds ago) not rolled up, in the current and the last UTC hour or in an hour partly rolled up within the last $2 hours, oldest first, at most $3.
+--
+-- Not in an hour before the one of the oldest attempt (nothing there); the
+-- hour of the oldest attempt is rolled up whole, so it can be merged.
 SELECT m.start
   FROM generate_series(date_trunc('hour', now(), 'UTC') - make_interval(hours => $2::int),
                        date_bin('5 minutes', now() - make_interval(secs => $1::float8), timestamptz '2000-01-01 00:00+00')
@@ -35,6 +44,7 @@ SELECT m.start
                        interval '5 minutes') AS m(start)
  WHERE NOT EXISTS (SELECT 1 FROM {schema}.history_slices AS d
                     WHERE d.start <= m.start AND m.start < d.start + make_interval(secs => d.seconds))
+   AND m.start >= (SELECT date_trunc('hour', min(a.finished_at), 'UTC') FROM {schema}.attempts AS a)
    AND (m.start >= date_trunc('hour', now(), 'UTC') - interval '1 hour'
         OR EXISTS (SELECT 1 FROM {schema}.history_slices AS p
                     WHERE p.start >= date_trunc('hour', m.start, 'UTC')
