@@ -18,6 +18,7 @@ from joblane.testing import drain
 from joblane.worker import Worker
 
 from .conftest import count, table
+from .helpers import run_sql
 
 
 def fabricate(conn, app, *, state="running", attempts=1, max_attempts=5, lease="- interval '1 minute'",
@@ -174,6 +175,21 @@ async def test_the_vacuumer_leaves_tables_it_does_not_own_to_autovacuum(app, con
         await c.close()
         conn.execute(f'DROP ROLE "{role}"')
     assert dead_rows(conn, app, "jobs") == (50, False)
+
+
+def test_the_vacuumers_look_reads_only_its_own_tables(app, conn):
+    """vacuum_due runs every second: it reads the statistics of its tables, not pg_stat_all_tables, which
+    computes every table of the database (a sum of index scans per table) whatever the filter."""
+    stmt = app.store.vacuum_due(["jobs", "outbox"], 1, 1.0)
+    plan = "\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + stmt.sql, stmt.args))
+    assert "pg_index" not in plan and "Aggregate" not in plan, plan
+    conn.execute(f"CREATE TABLE {table(app, 'unrelated')} (id int)")  # another table of the schema: not asked
+    fabricate(conn, app, state="pending")
+    with conn.transaction():
+        conn.execute(f"DELETE FROM {table(app, 'jobs')}")
+        conn.execute(f"DELETE FROM {table(app, 'outbox')}")
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    assert [r[:2] for r in run_sql(conn, stmt.sql, stmt.args)] == [("jobs", 1)]
 
 
 async def test_heartbeat_keeps_a_long_task_leased(app, conn):
