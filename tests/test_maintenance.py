@@ -17,7 +17,7 @@ from joblane.types import Outcome
 from joblane.testing import drain
 from joblane.worker import Worker
 
-from .conftest import count, table
+from .conftest import count, table, wait_until
 from .helpers import run_sql
 
 
@@ -234,6 +234,45 @@ async def test_cancelling_a_running_job_stops_its_task(app, conn):
         f"SELECT worker, started_at, finished_at, meta FROM {table(app, 'attempts')} WHERE job_id = %s",
         (job_id,)).fetchone()
     assert who == worker.name and started_at < finished_at and "@" in meta["cancelled_by"]
+
+
+async def test_the_maintenance_services_begin_after_the_first_claim(app, conn):
+    """A worker's first claim runs alone: its services' first rounds come after it, and still come
+    (a crashed worker's expired job is rescued); a worker stopped before it claims stops all the same."""
+
+    @app.task("k")
+    async def k(job):
+        return None
+
+    app.enqueue_many(conn, [joblane.JobSpec("k", {"i": i}) for i in range(50)])
+    lost = app.enqueue(conn, "k", {"lost": True})
+    conn.execute(f"UPDATE {table(app, 'jobs')} SET state = 'running', attempts = 1, worker = 'gone',"
+                 " lease_until = now() - interval '1 second' WHERE id = %s", (lost,))
+    order: list[str] = []
+    worker = Worker(app, concurrency=10, listen=False, poll_interval=0.05, rescue_interval=0.1)
+
+    def record(name, fn):
+        async def recorded(*args, **kwargs):
+            result = await fn(*args, **kwargs)
+            order.append(name)
+            return result
+        return recorded
+
+    worker.producer.claim = record("claim", worker.producer.claim)
+    for service in (worker.rescuer, worker.pruner, worker.history):
+        service.run_once = record(service.name, service.run_once)
+    runner = asyncio.create_task(worker.run(install_signals=False))
+    await asyncio.wait_for(asyncio.to_thread(
+        lambda: wait_until(lambda: count(conn, app, "state = 'done'") == 51, timeout=20, message="all done")), 30)
+    worker.request_stop()
+    await runner
+    assert order[0] == "claim" and {"rescuer", "pruner", "history"} <= set(order), order
+    # stopped before anything ran: no claim, no service round, and run() returns
+    idle = Worker(app, concurrency=1, listen=False)
+    idle.rescuer.run_once = record("late rescuer", idle.rescuer.run_once)
+    idle.request_stop()
+    await asyncio.wait_for(idle.run(install_signals=False), 30)
+    assert "late rescuer" not in order
 
 
 async def test_late_outcome_does_not_clobber_a_rescued_job(app, conn, joblane_dsn):

@@ -78,6 +78,9 @@ class Producer:
         # so an idle worker polls with one loop
         self._busy = asyncio.Event()
         self._follow_up = False
+        # set once the first claim has come back (rows, none, or an error): the worker's
+        # maintenance services wait for it, so a worker's first jobs do not queue behind them
+        self.first_claim = asyncio.Event()
 
     def notified(self) -> None:
         """An enqueue notification for one of our queues."""
@@ -164,6 +167,7 @@ class Producer:
         try:
             await asyncio.gather(*loops)
         finally:
+            self.first_claim.set()  # stopped before any claim came back: nothing for the services to wait for
             for loop in loops:
                 loop.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
@@ -200,6 +204,7 @@ class Producer:
                 # ``active``): another claim loop waiting for places looks again
                 self._asked -= want
                 self.slot.set()
+                self.first_claim.set()
             failures = 0
             # From here the rows are committed as ours: every one reaches an
             # executor (which gives it back if we are stopping), never dropped.

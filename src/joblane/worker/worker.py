@@ -29,6 +29,7 @@ from .. import store, telemetry
 from ..errors import JoblaneError, SchemaVersionError
 from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
 from ..maintenance import History, Pruner, Rescuer, Scheduler, Vacuumer
+from ..maintenance.service import Service
 from ..migrations import check_async
 from ..notifier import Notifier
 from ..rules import check_queue, first_line, plural, tally
@@ -381,16 +382,17 @@ class Worker:
         services_done = asyncio.Event()
         background = [
             asyncio.create_task(self._loop_watch.run(services_done), name="loop-watch"),
-            asyncio.create_task(self.rescuer.run(self._pool, self._stopping), name="rescuer"),
-            asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="pruner"),
-            asyncio.create_task(self.history.run(self._pool, self._stopping), name="history"),
             asyncio.create_task(self.limiter.run(self._stopping), name="limiter"),
         ]
+        # The maintenance services begin once the first claim is back: started beside it, their
+        # first rounds (a dozen statements) took the server's cores from it on a small machine.
+        services = [self.rescuer, self.pruner, self.history]
         if self.vacuumer is not None:
-            background.append(asyncio.create_task(self.vacuumer.run(self._pool, self._stopping), name="vacuumer"))
+            services.append(self.vacuumer)
         if self.app.periodic_tasks:  # every worker runs the scheduler; each tick is enqueued once
             self.scheduler = Scheduler(self.app)
-            background.append(asyncio.create_task(self.scheduler.run(self._pool, self._stopping), name="scheduler"))
+            services.append(self.scheduler)
+        background += [asyncio.create_task(self._after_first_claim(s), name=s.name) for s in services]
         notifier = None
         if self.listen:
             notifier = Notifier(self.app.dsn, self.app.channel, set(self.queues), self.producer.notified,
@@ -404,6 +406,11 @@ class Worker:
             if install_signals:
                 GracefulSignals.remove(loop)
         return self.stats
+
+    async def _after_first_claim(self, service: Service) -> None:
+        await self.producer.first_claim.wait()  # set by the producer's end too
+        if not self._stopping.is_set():
+            await service.run(self._pool, self._stopping)
 
     async def _shutdown(self, services_done: asyncio.Event, background: list[asyncio.Task]) -> None:
         self.request_stop()
