@@ -85,16 +85,32 @@ async def test_a_worker_on_a_queue_without_tasks_says_so(app, conn, caplog):
     assert "'nosuch'" in said and "real" in said
 
 
-def test_enqueue_never_prepares_on_the_callers_connection_unless_asked(joblane_dsn, joblane_schema):
-    def prepared_after_ten(app) -> int:
-        with psycopg.connect(joblane_dsn, autocommit=True) as c:  # psycopg's default prepare_threshold (5)
+def test_enqueue_prepares_on_a_direct_connection_only_as_asked(joblane_dsn, joblane_schema):
+    def prepared_after_ten(app, **connect) -> int:
+        with psycopg.connect(joblane_dsn, autocommit=True, **connect) as c:  # psycopg's prepare_threshold: 5
             for i in range(10):
                 app.enqueue(c, "k", {"i": i})
                 app.publish(c, "t.x", {"i": i})
             return c.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]
 
-    assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema)) == 0  # safe behind PgBouncer
+    assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema, prepare=False)) == 0
     assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema, prepare=True)) == 2
+    # the default: this connection reaches PostgreSQL with nothing between, so enqueue and publish are prepared
+    assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema)) == 2
+    # ... unless the connection says never (psycopg's switch for PgBouncer) or the environment says PgBouncer
+    assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema), prepare_threshold=None) == 0
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("JOBLANE_PGBOUNCER", "1")
+        assert prepared_after_ten(joblane.App(joblane_dsn, schema=joblane_schema)) == 0
+
+
+async def test_enqueue_async_prepares_on_a_direct_connection(joblane_dsn, joblane_schema):
+    app = joblane.App(joblane_dsn, schema=joblane_schema)
+    async with await psycopg.AsyncConnection.connect(joblane_dsn, autocommit=True) as c:
+        ids = [await app.enqueue_async(c, "k", {"i": i}) for i in range(10)]
+        cur = await c.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert (await cur.fetchone())[0] == 1
+    assert len(set(ids)) == 10
 
 
 def test_status_health_shows_the_tables_and_warns(app, conn):

@@ -51,7 +51,7 @@ class App:
         max_payload_bytes: int = 1_000_000,
         notify: bool = True,
         notify_debounce: float = 0.005,
-        prepare: bool = False,
+        prepare: bool | None = None,
     ):
         self._dsn = dsn
         if schema is None:
@@ -70,11 +70,11 @@ class App:
         self.max_payload_bytes = max_payload_bytes
         self.notify = notify
         self.debounce = enqueue.Debounce(notify_debounce)  # which enqueues notify (enqueue.Debounce)
-        # Statements on the caller's connection are never server-prepared unless asked: behind PgBouncer in
-        # transaction pooling a prepared statement does not survive the transaction. On a direct connection
-        # prepare=True lets psycopg prepare enqueue and publish; a job without a unique key gains little from it,
-        # since its enqueue calls insert_job, whose INSERT keeps its plan in the server session anyway.
-        self.prepare = bool(prepare)
+        # enqueue and publish on the caller's psycopg connection: prepared on the server (after psycopg's
+        # prepare_threshold) when True; never when False; when None, only on a connection that reaches
+        # PostgreSQL with nothing between (store.reaches_server). Behind PgBouncer in transaction pooling
+        # a prepared statement does not survive the transaction.
+        self.prepare = None if prepare is None else bool(prepare)
         self.tasks: dict[str, Task] = {}
         # kinds this process enqueues but does not run (app.declare): their defaults, no function
         self.declared: dict[str, Task] = {}

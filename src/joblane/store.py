@@ -14,19 +14,25 @@ execute a statement on whichever connection holds the work:
 
 The SQL uses ``$n`` placeholders, which asyncpg takes natively and psycopg
 takes through its raw cursors, so each query is written once for all of
-them. On psycopg connections a statement is never prepared on the server
-(``prepare=False``): a caller's connection may sit behind PgBouncer in
-transaction pooling, where a named prepared statement does not survive the
-transaction.
+them. On a caller's psycopg connection a statement is prepared on the server
+only where that is safe (``reaches_server``): the connection may sit behind
+PgBouncer in transaction pooling, where a named prepared statement does not
+survive the transaction.
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
+import os
+import socket
+import weakref
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import psycopg
+from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 
 from .errors import JoblaneError
 from .queries import for_schema
@@ -90,14 +96,116 @@ def is_asyncpg(conn: Any) -> bool:
     return type(conn).__module__.startswith("asyncpg")
 
 
+# -- prepared statements on the caller's connection ----------------------------------
+
+# What each caller's connection has shown: the joblane statements it ran so far (int), then whether it
+# reaches PostgreSQL with nothing between (bool). Weak: the verdict goes with the connection.
+_reach: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# The errors of a prepared statement that a pooler in transaction pooling lost or handed to another client.
+_LOST_STATEMENT = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
+
+
+def _same_ends(fd: int, row: Sequence[Any]) -> bool:
+    """Whether the client's socket ``fd`` is the one the server's session sees (``row``: the endpoints query).
+
+    Over TCP both ends must match: the client's address and port as the server sees them are the
+    socket's own, and the server's are the socket's peer. A pooler or proxy between them opens a
+    connection of its own, from another port. Over a unix socket the socket must be the server's
+    own (a directory of its ``unix_socket_directories``, its port), which only a role allowed to read
+    that setting can tell; anything else is not known to be direct.
+    """
+    try:
+        return _ends_match(fd, *row)
+    except (OSError, ValueError):  # a socket Python cannot look at, an address it cannot read: not known
+        return False
+
+
+def _ends_match(fd: int, client_addr: str | None, client_port: int | None, server_addr: str | None,
+                server_port: int | None, port: str, socket_dirs: str | None) -> bool:
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            if client_addr is None or server_addr is None:
+                return False
+            local, peer = sock.getsockname(), sock.getpeername()
+            return (ipaddress.ip_address(local[0]) == ipaddress.ip_address(client_addr) and local[1] == client_port
+                    and ipaddress.ip_address(peer[0]) == ipaddress.ip_address(server_addr)
+                    and peer[1] == server_port)
+        if sock.family == socket.AF_UNIX and socket_dirs and client_addr is None:
+            path = sock.getpeername()
+            if not isinstance(path, str) or os.path.basename(path) != f".s.PGSQL.{port}":
+                return False
+            dirs = {os.path.realpath(d.strip().strip('"')) for d in socket_dirs.split(",") if d.strip()}
+            return os.path.realpath(os.path.dirname(path)) in dirs
+    return False
+
+
+def _pooling_said() -> bool:
+    return os.environ.get("JOBLANE_PGBOUNCER", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _prepare_arg(raw: Any, prepare: bool | None) -> bool | None:
+    """psycopg's ``prepare`` for a joblane statement on ``raw``; ``...`` when the endpoints must be asked first.
+
+    ``prepare`` is App(prepare=...): True lets psycopg's ``prepare_threshold`` decide, False never
+    prepares, None (the default) does what True does on a connection that ``reaches_server``. The
+    question is asked once per connection, at its ``prepare_threshold``-th joblane statement, so a
+    connection that enqueues a few jobs and closes pays nothing for it.
+    """
+    if prepare is not None:
+        return None if prepare else False
+    seen = _reach.get(raw, 0)
+    if seen is True:
+        return None
+    if seen is False or raw.prepare_threshold is None or _pooling_said():
+        return False
+    if seen + 1 < raw.prepare_threshold or raw.info.transaction_status == TransactionStatus.INERROR:
+        _reach[raw] = seen + 1
+        return False
+    return ...
+
+
+def reaches_server(conn: Any) -> bool:
+    """Whether a psycopg connection reaches PostgreSQL with no pooler or proxy between (asks the server)."""
+    raw = _unwrap(conn)
+    with psycopg.RawCursor(raw) as cur:
+        stmt = Store("joblane").endpoints()  # it names no schema: any schema's Store binds it
+        row = cur.execute(stmt.sql, stmt.args, prepare=False).fetchone()
+    verdict = _same_ends(raw.pgconn.socket, row)
+    _reach[raw] = verdict
+    return verdict
+
+
+async def reaches_server_async(raw: Any) -> bool:
+    """``reaches_server`` for a psycopg AsyncConnection."""
+    async with psycopg.AsyncRawCursor(raw) as cur:
+        stmt = Store("joblane").endpoints()
+        row = await (await cur.execute(stmt.sql, stmt.args, prepare=False)).fetchone()
+    verdict = _same_ends(raw.pgconn.socket, row)
+    _reach[raw] = verdict
+    return verdict
+
+
+def _lost(raw: Any, prepare: bool | None) -> bool:
+    """After a lost prepared statement: never prepare on ``raw`` again; whether to run the statement again.
+
+    Only where joblane chose to prepare (``prepare=None``), and only outside a transaction (in
+    autocommit, where the failed statement changed nothing): inside one the caller's transaction is
+    already aborted, and the error is theirs to see.
+    """
+    if prepare is not None:
+        return False
+    _reach[raw] = False
+    return raw.info.transaction_status == TransactionStatus.IDLE
+
+
 # -- runners -----------------------------------------------------------------------
 
 
-def fetch(conn: Any, stmt: Statement, *, prepare: bool = False) -> list[tuple]:
+def fetch(conn: Any, stmt: Statement, *, prepare: bool | None = False) -> list[tuple]:
     """Run ``stmt`` on a sync psycopg connection (or a wrapper of one); every row as a tuple.
 
-    ``prepare=True`` lets psycopg prepare it once the connection's ``prepare_threshold`` is reached
-    (``App(prepare=True)``: faster on a direct connection, wrong behind PgBouncer in transaction pooling).
+    ``prepare``: App(prepare=...), as ``_prepare_arg`` reads it; the default False never prepares.
     """
     raw = _unwrap(conn)
     if not isinstance(raw, psycopg.Connection):
@@ -105,20 +213,39 @@ def fetch(conn: Any, stmt: Statement, *, prepare: bool = False) -> list[tuple]:
             f"expected a psycopg 3 Connection, got {type(conn).__name__}: "
             "use the *_async variant for asyncpg or psycopg AsyncConnection"
         )
-    with psycopg.RawCursor(raw) as cur:
-        cur.execute(stmt.sql, stmt.args, prepare=None if prepare else False)
-        # rownumber is None when the statement returned no rows to fetch; description would build
-        # a Column per field to say the same (about a tenth of the client's time for one enqueue)
-        return cur.fetchall() if cur.rownumber is not None else []
+    arg = _prepare_arg(raw, prepare)
+    if arg is ...:
+        arg = None if reaches_server(raw) else False
+    try:
+        with psycopg.RawCursor(raw) as cur:
+            cur.execute(stmt.sql, stmt.args, prepare=arg)
+            # rownumber is None when the statement returned no rows to fetch; description would build
+            # a Column per field to say the same (about a tenth of the client's time for one enqueue)
+            return cur.fetchall() if cur.rownumber is not None else []
+    except _LOST_STATEMENT:
+        if arg is False or not _lost(raw, prepare):
+            raise
+    return fetch(raw, stmt, prepare=False)
 
 
-async def fetch_async(conn: Any, stmt: Statement, *, prepare: bool = False) -> list[tuple]:
-    """Run ``stmt`` on a psycopg AsyncConnection or an asyncpg connection; every row as a tuple."""
+async def fetch_async(conn: Any, stmt: Statement, *, prepare: bool | None = False) -> list[tuple]:
+    """Run ``stmt`` on a psycopg AsyncConnection or an asyncpg connection; every row as a tuple.
+
+    ``prepare`` applies to psycopg as in ``fetch``; asyncpg prepares by its own statement cache.
+    """
     raw = await _unwrap_async(conn)
     if isinstance(raw, psycopg.AsyncConnection):
-        async with psycopg.AsyncRawCursor(raw) as cur:
-            await cur.execute(stmt.sql, stmt.args, prepare=None if prepare else False)
-            return await cur.fetchall() if cur.rownumber is not None else []
+        arg = _prepare_arg(raw, prepare)
+        if arg is ...:
+            arg = None if await reaches_server_async(raw) else False
+        try:
+            async with psycopg.AsyncRawCursor(raw) as cur:
+                await cur.execute(stmt.sql, stmt.args, prepare=arg)
+                return await cur.fetchall() if cur.rownumber is not None else []
+        except _LOST_STATEMENT:
+            if arg is False or not _lost(raw, prepare):
+                raise
+        return await fetch_async(raw, stmt, prepare=False)
     if is_asyncpg(raw) or hasattr(raw, "fetch"):
         return [tuple(r) for r in await raw.fetch(stmt.sql, *stmt.args)]
     if isinstance(raw, psycopg.Connection):
@@ -223,6 +350,9 @@ class Store:
                       notify, channel, headers_json) -> Statement:
         return self._s("enqueue_plain", queue, kind, payload_json, priority, max_attempts, run_after, delay, state,
                        replay_of, notify, channel, headers_json)
+
+    def endpoints(self) -> Statement:
+        return self._s("endpoints")
 
     def unfinished_by_unique_key(self, unique_key) -> Statement:
         return self._s("unfinished_by_unique_key", unique_key)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import uuid
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
-from joblane import JobSpec
+from joblane import JobSpec, store
 
 from ..conftest import count, table, wait_until
 from ..helpers import create_runs_table
@@ -113,3 +115,64 @@ def test_two_workers_through_session_pooling_run_every_job_once(app, conn, jobla
     create_runs_table(conn, app.schema)
     ids = _enqueue_from_threads(app, session_pool, threads=4, per_thread=250)
     _run_workers(app, conn, spawn_worker, session_pool, joblane_dsn, ids)
+
+
+def test_the_default_app_prepares_nothing_behind_pgbouncer(app, session_pool):
+    # session pooling keeps one server connection per client, so its prepared statements can be seen
+    with psycopg.connect(session_pool, autocommit=True) as c:  # psycopg's prepare_threshold: 5
+        assert store.reaches_server(c) is False
+        for i in range(10):
+            app.enqueue(c, "record", {"i": i})
+            app.publish(c, "t.x", {"i": i})
+        assert c.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+
+
+def test_a_prepared_statement_the_pooler_lost_runs_again_unprepared(app, conn, joblane_dsn, transaction_pool):
+    with psycopg.connect(transaction_pool, autocommit=True, prepare_threshold=0) as c, \
+            psycopg.connect(transaction_pool) as other:
+        store._reach[c] = True  # taken for a direct connection: a pooler that looks like none
+        first = app.enqueue(c, "record", {"i": 0})  # prepared on the server connection it was given
+        other.execute("SELECT 1")  # holds that server connection (the last one released) in a transaction
+        second = app.enqueue(c, "record", {"i": 1})  # on another server connection, without the statement
+        assert store._reach[c] is False  # ... so joblane never prepares on this connection again
+        other.rollback()
+        more = [app.enqueue(c, "record", {"i": i}) for i in range(2, 12)]
+    assert len({first, second, *more}) == 12
+    assert count(conn, app) == 12
+    # inside the caller's transaction the error is the caller's: it is aborted, nothing runs again (a new
+    # PgBouncer: the server connections of the one above keep their statements, as transaction pooling does)
+    with pgbouncer(joblane_dsn, pool_mode="transaction") as pool, \
+            psycopg.connect(pool, prepare_threshold=0) as c, psycopg.connect(pool) as other:
+        store._reach[c] = True
+        with c.transaction():
+            app.enqueue(c, "record", {"i": 12})
+        other.execute("SELECT 1")
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName), c.transaction():
+            app.enqueue(c, "record", {"i": 13})
+        assert store._reach[c] is False
+        other.rollback()
+        with c.transaction():
+            app.enqueue(c, "record", {"i": 14})
+    assert count(conn, app) == 14
+
+
+def test_a_direct_connection_is_told_by_its_two_ends(joblane_dsn, conn):
+    info = conninfo_to_dict(joblane_dsn)
+    with psycopg.connect(joblane_dsn) as c:
+        # TCP: the ends the server sees are the socket's own; a unix socket: one of the server's
+        assert store.reaches_server(c) is True
+    folders = [d.strip() for d in conn.execute("SHOW unix_socket_directories").fetchone()[0].split(",") if d.strip()]
+    if not folders:
+        pytest.skip("the server listens on no unix socket")
+    port = conn.execute("SHOW port").fetchone()[0]
+    over_socket = {**info, "host": folders[0], "port": port}
+    with psycopg.connect(**over_socket) as c:
+        assert store.reaches_server(c) is True
+    role = f"jl_reach_{uuid.uuid4().hex[:10]}"
+    conn.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        # a role that may not read unix_socket_directories cannot tell its socket from a pooler's: not prepared on
+        with psycopg.connect(**{**over_socket, "user": role}) as c:
+            assert store.reaches_server(c) is False
+    finally:
+        conn.execute(f'DROP ROLE "{role}"')

@@ -30,6 +30,19 @@ SELECT id, CASE WHEN $11::bool THEN pg_notify($12, queue)::text END AS notified
 -- plan (migration 0007). $12 is the trace context.
 SELECT {schema}.insert_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
 
+-- name: endpoints
+-- Both ends of this session's connection as the server sees them, its port and its socket directories (NULL unless readable).
+--
+-- App(prepare=None) prepares enqueue and publish on a connection whose ends
+-- match what the client's socket says (store.reaches_server): then nothing
+-- stands between them that could hand the session's prepared statements to
+-- another client. host() drops the netmask; unix_socket_directories is read
+-- through pg_settings, which leaves it out for a role without
+-- pg_read_all_settings instead of raising in the caller's transaction.
+SELECT host(inet_client_addr()), inet_client_port(), host(inet_server_addr()), inet_server_port(),
+       current_setting('port'),
+       (SELECT setting FROM pg_settings WHERE name = 'unix_socket_directories');
+
 -- name: unfinished_by_unique_key
 -- The unfinished job holding a unique_key (after enqueue skipped a duplicate).
 SELECT id FROM {schema}.jobs
