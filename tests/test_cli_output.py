@@ -39,7 +39,9 @@ async def test_a_stopping_worker_counts_in_words(app, conn, caplog):
         worker.request_stop()
         await runner
     said = [r.getMessage() for r in caplog.records if r.name == "joblane.worker"]
-    assert "giving back 1 job that did not finish within the grace period" in said
+    [giving] = [line for line in said if line.startswith("giving back ")]
+    assert giving.startswith("giving back 1 job that did not finish within the grace period; stopping their tasks: "
+                             "job 2 (slow) running "), giving
     [stopped] = [line for line in said if " stopped: " in line]
     assert stopped.split(" stopped: ")[1].startswith("1 done"), stopped
     assert "{" not in stopped

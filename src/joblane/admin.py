@@ -187,12 +187,15 @@ def health(app: Any, conn: Any = None) -> dict[str, Any]:
 # -- workers and relays ----------------------------------------------------------------
 
 _PROCESS_KEYS = ("name", "role", "host", "pid", "version", "queues", "kinds", "concurrency", "running",
-                 "started_at", "last_seen", "lease_until")
+                 "started_at", "last_seen", "lease_until", "stopping")
 
 
 def processes(app: Any, conn: Any = None) -> list[dict[str, Any]]:
     """The live workers and relays (registered, their registration not expired), oldest first."""
-    return [dict(zip(_PROCESS_KEYS, r)) for r in _rows(app, conn, app.store.list_processes())]
+    rows = [dict(zip(_PROCESS_KEYS, r)) for r in _rows(app, conn, app.store.list_processes())]
+    for r in rows:
+        r["stopping"] = json.loads(r["stopping"]) if r["stopping"] is not None else None
+    return rows
 
 
 # -- the review queue --------------------------------------------------------------

@@ -31,6 +31,7 @@ class Task:
     priority: int
     is_async: bool
     lean: bool = False  # a done job is deleted at once and writes no attempts row
+    executor: str | None = None  # "process": each try in a child; None: async def on the loop, def in a thread
 
 
 class App:
@@ -118,6 +119,7 @@ class App:
         timeout: float | None = None,
         priority: int = 0,
         lean: bool = False,
+        executor: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register a task: ``@app.task("enrich_lead", queue="leads", max_attempts=8)``.
 
@@ -130,11 +132,21 @@ class App:
         so its result, its meta and the job itself cannot be read, counted,
         exported or replayed afterwards. Every other outcome (retry, snooze,
         hold, failure, a lost worker) is written as for any task.
+
+        ``executor="process"`` runs each try in a child process of its own
+        (worker/child.py), for work that blocks in C code and must still stop
+        on a timeout, a cancel or a shutdown: the child is sent SIGTERM, then
+        SIGKILL. The payload, the result and ``job.record`` fields travel as
+        JSON; ``job.step`` and ``job.wait_for`` are not available there. By
+        default an ``async def`` runs on the worker's event loop and a plain
+        ``def`` in a thread, where a stop is raised at its next Python line.
         """
         if max_attempts is not None and max_attempts < 1:
             raise JoblaneError("max_attempts must be at least 1")
         if timeout is not None and not timeout > 0:
             raise JoblaneError("timeout must be a positive number of seconds")
+        if executor not in (None, "thread", "process"):
+            raise JoblaneError(f"executor must be 'thread' or 'process', got {executor!r}")
         if backoff is None:
             backoff_fn = exponential_backoff()
         elif callable(backoff):
@@ -156,6 +168,7 @@ class App:
                 priority=priority,
                 is_async=inspect.iscoroutinefunction(fn),
                 lean=bool(lean),
+                executor=_executor(fn, executor),
             )
             _attach_enqueue(self, fn, name)
             return fn
@@ -745,3 +758,15 @@ def _attach_enqueue(app: App, fn: Callable[..., Any], kind: str) -> None:
         fn.kind = kind
     except (AttributeError, TypeError):  # a callable that takes no attributes: enqueue by name only
         pass
+
+
+def _executor(fn: Callable[..., Any], asked: str | None) -> str | None:
+    """Where ``fn``'s tries run: ``asked``, else the event loop for an async def and a thread for a plain one."""
+    if asked == "process":
+        from .worker.child import function_ref
+
+        function_ref(fn)  # refused now, not at the first try, when a child could not find it
+        return "process"
+    if asked == "thread" and inspect.iscoroutinefunction(fn):
+        raise JoblaneError("executor='thread' is for a plain def task; an async def runs on the worker's loop")
+    return None

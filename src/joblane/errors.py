@@ -60,3 +60,28 @@ class WaitFor(Exception):
         self.timeout = timeout
         self.on_timeout = on_timeout
         super().__init__(f"waiting for {key}")
+
+
+class Interrupted(BaseException):
+    """Raised inside a plain task's thread to stop it: its timeout passed, its job was cancelled, or its
+    worker is shutting down (``reason``).
+
+    A BaseException, like KeyboardInterrupt, so that ``except Exception`` in the task does not swallow
+    it; ``finally`` blocks and context managers run as it passes. It arrives at the thread's next
+    Python bytecode: a thread blocked in C (a socket read, ``time.sleep``) sees it only when that call
+    returns, and its job stays leased until then (``executor="process"`` stops such work at once).
+    """
+
+    reason = "interrupted"
+
+
+class TaskTimedOut(Interrupted):
+    reason = "timed out"
+
+
+class TaskCancelled(Interrupted):
+    reason = "cancelled"
+
+
+class WorkerShutdown(Interrupted):
+    reason = "shut down"

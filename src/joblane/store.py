@@ -140,6 +140,34 @@ def _ends_match(fd: int, client_addr: str | None, client_port: int | None, serve
     return False
 
 
+def through_pooler(fd: int, row: Sequence[Any]) -> bool:
+    """Whether the socket ``fd`` is known to reach the server through a pooler or proxy (``row``: endpoints).
+
+    The reverse of ``_same_ends`` where the ends can be told, and False where they cannot (a unix
+    socket whose folder this role may not read): the worker then keeps its direct mode, as before.
+    Over TCP the two ends differ; over a unix socket its name carries another port than the server's,
+    or it lies in none of the server's socket folders.
+    """
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            if sock.family == socket.AF_UNIX:
+                path = sock.getpeername()
+                if not isinstance(path, str) or os.path.basename(path) != f".s.PGSQL.{row[4]}":
+                    return True
+                return bool(row[5]) and not _ends_match(fd, *row)
+        return not _ends_match(fd, *row)
+    except (OSError, ValueError):
+        return False
+
+
+async def through_pooler_async(conn: Any) -> bool:
+    """``through_pooler`` for an asyncpg connection (the worker's look at start)."""
+    stmt = Store("joblane").endpoints()
+    row = await conn.fetchrow(stmt.sql, *stmt.args)
+    sock = conn._transport.get_extra_info("socket")  # noqa: SLF001 - asyncpg has no public way to its socket
+    return sock is not None and through_pooler(sock.fileno(), tuple(row))
+
+
 def _pooling_said() -> bool:
     return os.environ.get("JOBLANE_PGBOUNCER", "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -419,8 +447,8 @@ class Store:
                          lease_seconds) -> Statement:
         return self._s("register_process", name, role, host, pid, version, queues, kinds, concurrency, lease_seconds)
 
-    def heartbeat_process(self, name, running, lease_seconds) -> Statement:
-        return self._s("heartbeat_process", name, running, lease_seconds)
+    def heartbeat_process(self, name, running, lease_seconds, stopping=None) -> Statement:
+        return self._s("heartbeat_process", name, running, lease_seconds, stopping)
 
     def deregister_process(self, name) -> Statement:
         return self._s("deregister_process", name)

@@ -200,6 +200,46 @@ def read_runs(path: Path) -> list[tuple[int, int, int, str]]:
     return out
 
 
+def check_spans(runs_path: Path, *, label: str, killed: bool = False) -> list[str]:
+    """No two tries of one job at once, from the start and end lines of the SPANNED kinds.
+
+    Each try must have ended (an end line) before the next try of its job began. ``killed``: a worker
+    was SIGKILLed during the run, so a try may have no end line (its thread died with the process,
+    its child with it): such a try is only checked to be the job's last but one or last.
+    """
+    path = runs_path.with_name(runs_path.name + ".spans")
+    tries: dict[int, list[list]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            what, job, pid, at = line.split()
+            spans = tries.setdefault(int(job), [])
+            if what == "start":
+                spans.append([int(pid), float(at), None])
+            else:
+                open_ = [s for s in spans if s[0] == int(pid) and s[2] is None]
+                if open_:
+                    open_[-1][2] = float(at)
+    bad = []
+    checked = 0
+    for job, spans in tries.items():
+        spans.sort(key=lambda s: s[1])
+        for before, after in zip(spans, spans[1:]):
+            checked += 1
+            if before[2] is None:
+                if not killed:
+                    bad.append(f"[{label}] job {job}: a try by pid {before[0]} never ended, yet another began")
+            elif after[1] < before[2]:
+                bad.append(f"[{label}] job {job} ran twice at once: pid {before[0]} until {before[2]:.3f}, "
+                           f"pid {after[0]} from {after[1]:.3f}")
+        if not killed:
+            checked += 1
+            if spans and spans[-1][2] is None:
+                bad.append(f"[{label}] job {job}: its last try by pid {spans[-1][0]} never ended")
+    TALLY.invariants += checked
+    TALLY.violations.extend(bad)
+    return bad
+
+
 @dataclass
 class Ledger:
     """What the test knows it committed and rolled back: jobs, and outbox rows with their payloads."""
@@ -277,11 +317,11 @@ def check(conn, schema: str, ledger: Ledger, runs_path: Path, *, final: bool, la
         explained = sum(1 for _, o, _ in rows if o in ("lost", "retry", "snoozed"))
         expect(runs_per_job[job_id] <= 1 + explained,
                f"job {job_id} ({kind}) ran {runs_per_job[job_id]} times with {explained} lost/retry/given-back rows")
-        if kind in ("ok", "slow", "exit"):  # tasks that never raise: only a crash or a shutdown explains a repeat
+        if kind in ("ok", "slow", "exit", "plain", "child"):  # tasks that never raise: only a crash or a shutdown explains a repeat
             odd = [r for r in rows if r[1] not in ("done", "lost", "snoozed")]
             expect(not odd, f"job {job_id} ({kind}) has attempts its task cannot produce: {odd}")
-        if kind == "hang" and state == "failed" and not spent_by_crashes:
-            expect("timed out" in (last_error or ""), f"job {job_id} (hang) failed without a timeout: {last_error}")
+        if kind in ("hang", "plain_hang") and state == "failed" and not spent_by_crashes:
+            expect("timed out" in (last_error or ""), f"job {job_id} ({kind}) failed without a timeout: {last_error}")
         if kind == "exit" and state == "done":
             expect(any(o == "lost" for _, o, _ in rows), f"job {job_id} (exit) shows no lost attempt: {rows}")
     TALLY.invariants += checked

@@ -17,7 +17,7 @@ from joblane.queries import quote_ident
 from . import chaos_app
 from ..conftest import wait_until
 from ..deploy.pgbouncer import pgbouncer
-from .harness import (RELAY_ARGS, TALLY, WORKER_ARGS, Destination, Fleet, Ledger, check, check_outbox, enqueue,
+from .harness import (RELAY_ARGS, TALLY, WORKER_ARGS, Destination, Fleet, Ledger, check, check_outbox, check_spans, enqueue,
                       wait_outbox_sent, wait_quiet)
 
 
@@ -143,7 +143,8 @@ def test_sigkill_and_dropped_connections_while_10000_jobs_and_5000_messages_flow
 def test_tasks_that_hang_raise_or_exit_the_process(app, conn, joblane_dsn, ledger, fleet_factory, tmp_path):
     rng = random.Random(7)
     runs = tmp_path / "runs.log"
-    work = mix(500, rng) + [("hang", {})] * 8 + [("flaky", {})] * 30 + [("bad", {})] * 10 + [("exit", {})] * 3
+    work = (mix(500, rng) + [("hang", {})] * 8 + [("flaky", {})] * 30 + [("bad", {})] * 10 + [("exit", {})] * 3
+            + [("plain_hang", {})] * 6 + [("plain", {"seconds": 0.05})] * 40 + [("child", {"seconds": 0.05})] * 12)
     rng.shuffle(work)
     enqueue(app, joblane_dsn, ledger, work)
     fleet = fleet_factory()
@@ -169,9 +170,12 @@ def test_tasks_that_hang_raise_or_exit_the_process(app, conn, joblane_dsn, ledge
     codes = fleet.sigterm_all(conn)
     assert all(c == 0 for c in codes), codes
     violations += check(conn, app.schema, ledger, runs, final=True, label="task faults, final")
+    violations += check_spans(runs, label="task faults, spans", killed=exits > 0)
     TALLY.jobs += len(ledger.committed)
     assert_no_violations(violations, fleet)
-    assert exits >= 3, "each exit job took a worker down once"
+    # each exit job took its worker down (check() finds a lost try on each); two that ran in one worker
+    # took it down together
+    assert exits >= 1, "the exit jobs took their workers down"
 
 
 def test_sigterm_during_a_burst_gives_back_and_nothing_is_lost(app, conn, joblane_dsn, ledger, fleet_factory, tmp_path):
@@ -183,7 +187,11 @@ def test_sigterm_during_a_burst_gives_back_and_nothing_is_lost(app, conn, joblan
     violations: list[str] = []
     burst = [("slow", {"seconds": rng.choice([0.05, 0.2])}) for _ in range(200)] + mix(600, rng)
     rng.shuffle(burst)
-    burst = [("slow", {"seconds": 2.0})] * 24 + burst  # claimed first: still running when SIGTERM lands
+    burst = [("plain", {"seconds": rng.choice([0.05, 0.2])}) for _ in range(60)] + burst
+    burst += [("child", {"seconds": 0.05}) for _ in range(20)]
+    rng.shuffle(burst)
+    # claimed first: still running when SIGTERM lands, so each is told to stop after the grace
+    burst = [("slow", {"seconds": 2.0})] * 12 + [("plain", {"seconds": 2.0})] * 8 + [("child", {"seconds": 2.0})] * 4 + burst
     enqueue(app, joblane_dsn, ledger, burst)
     s = quote_ident(app.schema)
     deadline = time.monotonic() + 60
@@ -203,6 +211,7 @@ def test_sigterm_during_a_burst_gives_back_and_nothing_is_lost(app, conn, joblan
     codes = fleet.sigterm_all(conn)
     assert all(c == 0 for c in codes), codes
     violations += check(conn, app.schema, ledger, runs, final=True, label="sigterm burst, final")
+    violations += check_spans(runs, label="sigterm burst, spans")
     TALLY.jobs += len(ledger.committed)
     assert_no_violations(violations, fleet)
     assert given_back > 0, "the 2-second tasks outlived the 1-second grace and were given back"

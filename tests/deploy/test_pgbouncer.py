@@ -76,7 +76,7 @@ def _problems(output: str) -> list[str]:
     return lines
 
 
-def _run_workers(app, conn, spawn_worker, dsn: str, joblane_dsn: str, ids: list[int], *args: str) -> None:
+def _run_workers(app, conn, spawn_worker, dsn: str, joblane_dsn: str, ids: list[int], *args: str) -> list[str]:
     env = {"DATABASE_URL": dsn, "TEST_DIRECT_DSN": joblane_dsn}
     workers = [spawn_worker(APP, app.schema, "--concurrency", "8", *args, env=env) for _ in range(2)]
     wait_until(lambda: count(conn, app, "state IN ('pending', 'running')") == 0, timeout=120,
@@ -89,6 +89,7 @@ def _run_workers(app, conn, spawn_worker, dsn: str, joblane_dsn: str, ids: list[
         w.signal(signal.SIGTERM)
         assert w.wait(30) == 0, w.output()
         assert _problems(w.output()) == [], w.output()[-3000:]
+    return [w.output() for w in workers]
 
 
 def test_enqueue_publish_and_admin_through_transaction_pooling(app, conn, transaction_pool):
@@ -109,6 +110,17 @@ def test_two_workers_through_transaction_pooling_run_every_job_once(app, conn, j
     create_runs_table(conn, app.schema)
     ids = _enqueue_from_threads(app, transaction_pool, threads=4, per_thread=250)
     _run_workers(app, conn, spawn_worker, transaction_pool, joblane_dsn, ids, "--pgbouncer")
+
+
+def test_workers_find_transaction_pooling_without_the_flag(app, conn, joblane_dsn, transaction_pool, spawn_worker):
+    """No --pgbouncer: each worker sees at start that its connection's ends are a pooler's, says so in one
+    line and runs as with the flag; before, its claims failed with "prepared statement does not exist"."""
+    create_runs_table(conn, app.schema)
+    ids = _enqueue_from_threads(app, transaction_pool, threads=2, per_thread=250)
+    outputs = _run_workers(app, conn, spawn_worker, transaction_pool, joblane_dsn, ids)
+    for output in outputs:
+        said = [line for line in output.splitlines() if "reached through a pooler" in line]
+        assert len(said) == 1, output[-3000:]
 
 
 def test_two_workers_through_session_pooling_run_every_job_once(app, conn, joblane_dsn, session_pool, spawn_worker):

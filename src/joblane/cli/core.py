@@ -52,10 +52,13 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @click.option("--lease", "lease_seconds", type=click.FloatRange(1, 86400), help="Lease length in seconds (default: the app's, 30).")
 @click.option("--grace", "grace_seconds", default=30.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds running tasks get to finish after SIGTERM.")
+@click.option("--stop-wait", "stop_seconds", default=10.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="After the grace, seconds tasks told to stop get to end; the worker then exits without those "
+                   "that would not (their jobs come back when their leases run out, never while they run).")
 @click.option("--no-listen", is_flag=True, help="Poll only (no LISTEN connection).")
-@click.option("--pgbouncer", is_flag=True, envvar="JOBLANE_PGBOUNCER",
+@click.option("--pgbouncer/--no-pgbouncer", default=None, envvar="JOBLANE_PGBOUNCER",
               help="Behind PgBouncer in transaction pooling: no named prepared statements, poll instead of LISTEN "
-                   "(also JOBLANE_PGBOUNCER=1).")
+                   "(also JOBLANE_PGBOUNCER=1). Default: found out at start from the connection's two ends.")
 @click.option("--connect-timeout", default=60.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds a starting worker waits for an unreachable database before it exits.")
 @click.option("--stall-warning", default=2.0, show_default=True, type=click.FloatRange(0.01, 3600),
@@ -77,9 +80,9 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, claim_batch: int | None,
            poll_interval: float, lease_seconds: float | None, grace_seconds: float, no_listen: bool,
            retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float,
-           metrics_port: int | None = None, metrics_host: str = "127.0.0.1", pgbouncer: bool = False, stall_warning: float = 2.0,
+           metrics_port: int | None = None, metrics_host: str = "127.0.0.1", pgbouncer: bool | None = None, stall_warning: float = 2.0,
            unknown_kind_timeout: float = 600.0, claimers: int | None = None, vacuum_interval: float = 10.0,
-           prefetch: int | None = None) -> None:
+           prefetch: int | None = None, stop_seconds: float = 10.0) -> None:
     """Run the tasks of APP (module:attribute naming a joblane.App)."""
     from ..worker import Worker
 
@@ -95,7 +98,8 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
                                    grace_seconds=grace_seconds, listen=not no_listen,
                                    retention_seconds=retention_seconds, connect_timeout=connect_timeout,
                                    pgbouncer=pgbouncer, stall_warning=stall_warning,
-                                   unknown_kind_timeout=unknown_kind_timeout, vacuum_interval=vacuum_interval))
+                                   unknown_kind_timeout=unknown_kind_timeout, vacuum_interval=vacuum_interval,
+                                   stop_seconds=stop_seconds, exit_when_stuck=True))
     if metrics_port is not None:
         from ..telemetry import serve_metrics
 

@@ -137,7 +137,8 @@ SELECT id, payload::text FROM {schema}.jobs WHERE kind = $1 AND state = $2 ORDER
 
 -- name: list_processes
 -- Live workers and relays (registration not expired), oldest first.
-SELECT name, role, host, pid, version, queues, kinds, concurrency, running, started_at, last_seen, lease_until
+SELECT name, role, host, pid, version, queues, kinds, concurrency, running, started_at, last_seen, lease_until,
+       stopping::text
   FROM {schema}.processes
  WHERE lease_until > now()
  ORDER BY started_at, name;

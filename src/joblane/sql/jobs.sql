@@ -333,9 +333,10 @@ ON CONFLICT (name) DO UPDATE
        last_seen = now(), lease_until = excluded.lease_until;
 
 -- name: heartbeat_process
--- Process $1 is alive with $2 jobs running: extend its registration by $3 seconds; returns nothing when it was dropped.
+-- Process $1 is alive with $2 jobs running, stopping as $4 says (JSON text, NULL while it runs normally): extend its registration by $3 seconds; returns nothing when it was dropped.
 UPDATE {schema}.processes
-   SET running = $2, last_seen = now(), lease_until = now() + make_interval(secs => $3::float8)
+   SET running = $2, last_seen = now(), lease_until = now() + make_interval(secs => $3::float8),
+       stopping = $4::text::jsonb
  WHERE name = $1
 RETURNING name;
 

@@ -209,6 +209,7 @@ CREATE TABLE {schema}.processes (
     role text NOT NULL,
     running integer DEFAULT 0 NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
+    stopping jsonb,
     version text NOT NULL,
     CONSTRAINT processes_pkey PRIMARY KEY (name),
     CONSTRAINT processes_role_check CHECK ((role = ANY (ARRAY['worker'::text, 'relay'::text])))

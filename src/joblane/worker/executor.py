@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import time
 import traceback
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import Hold, JoblaneError, PermanentError, RetryAfter, WaitFor
+from ..errors import Hold, Interrupted, JoblaneError, PermanentError, RetryAfter, WaitFor, WorkerShutdown
 from ..rules import ERROR_LIMIT, bounded_delay, check_json_text, describe, lenient_json
 from ..types import Job, Outcome
+from .child import ChildLost, run_in_child
+from .threads import run_in_thread
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..app import Task
@@ -23,11 +24,14 @@ def now() -> float:
     return time.time()
 
 
-async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outcome:  # noqa: C901
+async def execute(task: Task | None, job: Job, threads: Executor | None,  # noqa: C901
+                  stop_reason: Callable[[], type[Interrupted]] = lambda: WorkerShutdown) -> Outcome:
     """Run ``job`` with ``task`` and return its outcome.
 
     ``asyncio.CancelledError`` propagates: the worker decides whether a
     cancelled job is given back (shutdown) or was revoked (cancelled by an admin).
+    A plain task's thread or a child process is stopped first (``stop_reason()``
+    is raised in the thread): this returns or raises only once the try is over.
     """
     started = now()
     meta_extra: dict[str, Any] = {}
@@ -37,18 +41,17 @@ async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outc
                 f"unknown task kind {job.kind!r} in queue {job.queue!r}: "
                 "is the module that defines it imported by the worker?"
             )
-        if task.is_async:
-            call = task.fn(job)
-        else:
-            # the thread sees this task's context (the run span, so the task's own spans nest under it)
-            call = asyncio.get_running_loop().run_in_executor(threads, contextvars.copy_context().run, task.fn, job)
-        if task.timeout is not None:
+        if task.executor == "process":
+            value = await run_in_child(task.fn, job, task.timeout)
+        elif not task.is_async:
+            value = await run_in_thread(threads, task.fn, job, task.timeout, stop_reason)
+        elif task.timeout is not None:
             try:
-                value = await asyncio.wait_for(call, task.timeout)
+                value = await asyncio.wait_for(task.fn(job), task.timeout)
             except asyncio.TimeoutError:
                 raise TimeoutError(f"task {job.kind!r} timed out after {task.timeout:g}s") from None
         else:
-            value = await call
+            value = await task.fn(job)
         result = None
         if value is not None:
             try:
@@ -80,11 +83,16 @@ async def execute(task: Task | None, job: Job, threads: Executor | None) -> Outc
     except WaitFor as exc:
         return Outcome.waiting(job.id, job.attempt, key=exc.key, timeout=exc.timeout, on_timeout=exc.on_timeout,
                                started_at=started, finished_at=now(), meta=_meta(job))
+    except ChildLost as exc:
+        spent = job.attempt >= job.max_attempts
+        return Outcome.lost(job.id, job.attempt, error=str(exc) + ("; no attempts left" if spent else ""),
+                            spent=spent, started_at=started, finished_at=now(), meta=_meta(job))
     except PermanentError as exc:
         return Outcome.fail(job.id, job.attempt, error=describe(exc), started_at=started, finished_at=now(),
                             meta=_meta(job))
     except Exception as exc:  # any other error is transient until the budget is spent
-        meta_extra["traceback"] = "".join(traceback.format_exception(exc))[-ERROR_LIMIT:].replace("\x00", "")
+        told = getattr(exc, "child_traceback", None) or "".join(traceback.format_exception(exc))
+        meta_extra["traceback"] = told[-ERROR_LIMIT:].replace("\x00", "")
         if job.attempt >= job.max_attempts:
             return Outcome.fail(job.id, job.attempt, error=f"gave up after {job.attempt} attempts: {describe(exc)}",
                                 started_at=started, finished_at=now(), meta=_meta(job, meta_extra))

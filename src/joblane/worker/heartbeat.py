@@ -72,7 +72,7 @@ class Heartbeat(threading.Thread):
                  jobs: Callable[[], list[int]], running: Callable[[], int], revoke: Callable[[set[int]], None],
                  register: Callable[[], store.Statement], loop: asyncio.AbstractEventLoop, watch: LoopWatch,
                  stall_warning: float, current_job: Callable[[], str | None], stats: Any,
-                 application_name: str):
+                 application_name: str, stopping: Callable[[], str | None] = lambda: None):
         super().__init__(name="joblane-heartbeat", daemon=True)
         self.dsn = dsn
         self.store = store
@@ -90,9 +90,15 @@ class Heartbeat(threading.Thread):
         self.current_job = current_job
         self.stats = stats
         self.application_name = application_name
+        self.stopping = stopping  # JSON text for processes.stopping: what keeps a stopping worker alive
         self.stopped = threading.Event()
+        self._now = threading.Event()
         self._conn: psycopg.Connection | None = None
         self._stalled_since: float | None = None
+
+    def wake(self) -> None:
+        """Beat at once (the worker began to stop: say so in the registry now, not a beat later)."""
+        self._now.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         self.stopped.set()
@@ -106,7 +112,8 @@ class Heartbeat(threading.Thread):
         check = min(0.5, self.stall_warning / 4, self.interval)
         while not self.stopped.wait(check):
             self._watch_loop()
-            if time.monotonic() >= next_beat:
+            if time.monotonic() >= next_beat or self._now.is_set():
+                self._now.clear()
                 self._beat()
                 next_beat = time.monotonic() + self.interval
         self._close()
@@ -135,7 +142,8 @@ class Heartbeat(threading.Thread):
             if ids:
                 owned = {r[0] for r in store.fetch(conn, self.store.extend_leases(ids, self.worker,
                                                                                    self.lease_seconds))}
-            if not store.fetch(conn, self.store.heartbeat_process(self.worker, self.running(), self.lease_seconds)):
+            if not store.fetch(conn, self.store.heartbeat_process(self.worker, self.running(), self.lease_seconds,
+                                                                  self.stopping())):
                 store.fetch(conn, self.register())  # dropped while unreachable: register again
         except Exception as exc:  # noqa: BLE001 - the next beat tries again on a new connection
             log.warning("heartbeat failed (%s)", first_line(exc))

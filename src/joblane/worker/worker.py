@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from .. import store, telemetry
-from ..errors import JoblaneError, SchemaVersionError
+from ..errors import JoblaneError, SchemaVersionError, TaskCancelled, WorkerShutdown
 from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
 from ..maintenance import History, Pruner, Rescuer, Scheduler, Vacuumer
 from ..maintenance.service import Service
@@ -79,9 +79,11 @@ class Worker:
         vacuum_interval: float = 10.0,
         name: str | None = None,
         connect_timeout: float = 60.0,
-        pgbouncer: bool = False,
+        pgbouncer: bool | None = None,
         stall_warning: float = 2.0,
         unknown_kind_timeout: float = 600.0,
+        stop_seconds: float = 10.0,
+        exit_when_stuck: bool = False,
     ):
         if concurrency < 1:
             raise JoblaneError("concurrency must be at least 1")
@@ -95,11 +97,20 @@ class Worker:
             raise JoblaneError("stall_warning must be a positive number of seconds")
         if not unknown_kind_timeout >= 0:
             raise JoblaneError("unknown_kind_timeout must be >= 0 seconds")
+        if not stop_seconds >= 0:
+            raise JoblaneError("stop_seconds must be >= 0")
+        # after the grace, how long tries told to stop get to end before the worker leaves without them;
+        # a try that would not stop (a thread blocked in C code) is never given back while it runs: the
+        # CLI's worker exits (exit_when_stuck), the thread dies with it and the lease runs out; an
+        # embedded worker keeps the lease and waits for it
+        self.stop_seconds = float(stop_seconds)
+        self.exit_when_stuck = bool(exit_when_stuck)
         if not vacuum_interval >= 0:
             raise JoblaneError("vacuum_interval must be >= 0 seconds (0 leaves vacuum to autovacuum)")
         # Behind PgBouncer in transaction pooling: no named prepared statements
         # (asyncpg's statement cache off) and no LISTEN (it needs a session): poll.
-        self.pgbouncer = bool(pgbouncer)
+        # None: found out at start, from the connection's two ends (_through_pooler).
+        self.pgbouncer = None if pgbouncer is None else bool(pgbouncer)
         if self.pgbouncer:
             listen = False
         self.stall_warning = float(stall_warning)
@@ -152,6 +163,9 @@ class Worker:
         self._kinds_elsewhere: dict[str, tuple[float, bool]] = {}  # kind -> (checked at, known by a live worker)
         self._unknown_logged: set[str] = set()
         self._revoked: set[int] = set()
+        self._began: dict[int, float] = {}  # job id -> monotonic time its try began to run
+        self._told: dict[int, float] = {}  # job id -> monotonic time its try was told to stop
+        self._stopping_since: float | None = None  # epoch seconds the shutdown began
         self._stopping = asyncio.Event()
         self._run_slots = asyncio.Semaphore(concurrency)
         self._pool: asyncpg.Pool | None = None
@@ -183,6 +197,8 @@ class Worker:
         deadline = asyncio.get_running_loop().time() + self.connect_timeout
         while True:
             try:
+                if self.pgbouncer is None:
+                    self.pgbouncer = await self._through_pooler()
                 options: dict = {"statement_cache_size": 0} if self.pgbouncer else {}
                 # Each claim loop and each completer flush holds a connection while
                 # its statement runs; the services share the rest, and a vacuum
@@ -213,6 +229,26 @@ class Worker:
                 delay = min(retry_delay(failures, base=0.2, cap=5.0), left)
                 log.warning("database not reachable (%s); retrying in %.1fs", first_line(exc), delay)
                 await self._sleep(delay)
+
+    async def _through_pooler(self) -> bool:
+        """Whether the database is reached through a pooler or proxy; if so, run as with ``pgbouncer=True``.
+
+        In transaction pooling a prepared statement or a LISTEN belongs to a server connection the next
+        transaction may not get: the claims would fail with "prepared statement does not exist" and
+        retry while jobs wait. The same look at the connection's two ends as enqueue's (store.reaches_server).
+        """
+        conn = await asyncpg.connect(self.app.dsn, statement_cache_size=0,
+                                     server_settings={"application_name": self.application_name})
+        try:
+            pooled = await store.through_pooler_async(conn)
+        finally:
+            await conn.close()
+        if pooled:
+            self.listen = False
+            log.info("the database is reached through a pooler or proxy (its ends differ from this connection's): "
+                     "running as with --pgbouncer (no prepared statements; polling every %gs instead of LISTEN); "
+                     "--no-pgbouncer keeps the direct mode", self.poll_interval)
+        return pooled
 
     # -- running one job --------------------------------------------------
 
@@ -259,8 +295,10 @@ class Worker:
                     outcome = give_back(job, started, left[0], delay=left[1])
                     quiet = True  # said once per kind in _wait_for_kind
                 else:
+                    self._began[job.id] = time.monotonic()
                     with telemetry.run_span(job, headers) as span:
-                        outcome = await execute(self.app.tasks.get(job.kind), job, self._threads)
+                        outcome = await execute(self.app.tasks.get(job.kind), job, self._threads,
+                                                lambda: TaskCancelled if job.id in self._revoked else WorkerShutdown)
                         telemetry.end_run(span, outcome)
                     ran = outcome.finished_at - outcome.started_at  # sizes the prefetch
         except asyncio.CancelledError:
@@ -271,6 +309,8 @@ class Worker:
                 outcome = give_back(job, started, f"worker {self.name} shut down before the task {when}")
         finally:
             self._active.pop(job.id, None)
+            self._began.pop(job.id, None)
+            self._told.pop(job.id, None)
             self.producer.freed(ran, began=started is not None)
         if outcome is not None:
             telemetry.job_finished(self, job, outcome, headers, quiet=quiet)  # metrics and the log line
@@ -335,7 +375,9 @@ class Worker:
                 log.warning("job %d (%s) is no longer ours (cancelled or rescued): stopping its task",
                             job_id, job.kind)
                 self._revoked.add(job_id)
-                task.cancel()
+                self._told.setdefault(job_id, time.monotonic())
+                if task is not None:
+                    task.cancel()
 
     def _job_on_the_loop(self) -> str | None:
         """From the heartbeat thread: the job whose task the loop is running now."""
@@ -347,6 +389,64 @@ class Worker:
             if job_task is None:  # its task is running its first step inside _start (eager start)
                 starting = f"job {job_id} ({job.kind})"
         return starting
+
+    # -- what keeps a stopping worker alive --------------------------------------
+
+    def _running_text(self, among: set[asyncio.Task] | None = None) -> str:
+        """"job 5 (resize) running 12s, job 7 (ocr) told to stop 3s ago" for the log, the first ten."""
+        now_ = time.monotonic()
+        parts = []
+        for job_id, (task, job) in snapshot(lambda: self._active.items()):
+            if among is not None and task not in among:
+                continue
+            told = self._told.get(job_id)
+            began = self._began.get(job_id)
+            state = (f"told to stop {now_ - told:.0f}s ago" if told is not None else
+                     f"running {now_ - began:.0f}s" if began is not None else "waiting for a slot")
+            parts.append(f"job {job_id} ({job.kind}) {state}")
+        more = f" and {len(parts) - 10} more" if len(parts) > 10 else ""
+        return ", ".join(parts[:10]) + more
+
+    def _stopping_state(self) -> str | None:
+        """From the heartbeat thread: processes.stopping, the jobs a stopping worker waits for (JSON text)."""
+        if self._stopping_since is None:
+            return None
+        now_ = time.monotonic()
+        jobs = []
+        for job_id, (_, job) in snapshot(lambda: self._active.items())[:50]:
+            began, told = self._began.get(job_id), self._told.get(job_id)
+            jobs.append({"id": job_id, "kind": job.kind,
+                         "running": None if began is None else round(now_ - began, 1),
+                         "told": None if told is None else round(now_ - told, 1)})
+        return json.dumps({"since": self._stopping_since, "jobs": jobs})
+
+    async def _stuck(self, still: set[asyncio.Task]) -> None:
+        """Tries told to stop that have not: never given back while they run."""
+        what = self._running_text(still)
+        if not self.exit_when_stuck:
+            log.error("%s did not stop %gs after being told (blocked outside Python?): waiting for them; their "
+                      "leases are kept until they return", what, self.stop_seconds)
+            await asyncio.wait(still)
+            return
+        log.error("%s did not stop %gs after being told (blocked outside Python?): exiting without them; their "
+                  "jobs are not given back, and are rescued once their leases (%gs) run out", what,
+                  self.stop_seconds, self.lease_seconds)
+        self.stats["stuck"] += len(still)
+        drained = await self.completer.close(timeout=max(10.0, self.lease_seconds))
+        if not drained:
+            log.error("some outcomes were not written; those jobs return when their leases expire")
+        if self._heartbeat is not None:
+            self._heartbeat.stopped.set()
+        try:
+            async with self._pool.acquire() as conn:
+                await store.records(conn, self.store.deregister_process(self.name))
+        except Exception as exc:  # noqa: BLE001 - the rescuer drops the row once its lease runs out
+            log.warning("could not deregister (%s)", first_line(exc))
+        log.info("worker %s stopped: %s", self.name, tally(self.stats, "no jobs run"),
+                 extra={"joblane": {"stats": dict(self.stats)}})
+        logging.shutdown()
+        # the threads that would not stop end with the process: nothing of their tries runs after this
+        os._exit(3)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -377,7 +477,7 @@ class Worker:
             interval=self.heartbeat_seconds, jobs=self._leased_ids, running=lambda: len(self._active),
             revoke=self._revoke, register=self._registration, loop=loop, watch=self._loop_watch,
             stall_warning=self.stall_warning, current_job=self._job_on_the_loop, stats=self.stats,
-            application_name=f"{self.application_name} heartbeat")
+            application_name=f"{self.application_name} heartbeat", stopping=self._stopping_state)
         self._heartbeat.start()
         services_done = asyncio.Event()
         background = [
@@ -414,15 +514,28 @@ class Worker:
 
     async def _shutdown(self, services_done: asyncio.Event, background: list[asyncio.Task]) -> None:
         self.request_stop()
-        tasks = [t for t, _ in self._active.values()]
+        self._stopping_since = time.time()
+        if self._heartbeat is not None:
+            self._heartbeat.wake()  # the registry says at once that this worker stops, and for which jobs
+        tasks = [t for t, _ in self._active.values() if t is not None]
         if tasks:
-            log.info("waiting up to %.0fs for %d running jobs", self.grace_seconds, len(tasks))
+            log.info("waiting up to %.0fs for %s: %s", self.grace_seconds, plural(len(tasks), "running job"),
+                     self._running_text())
             _, still = await asyncio.wait(tasks, timeout=self.grace_seconds)
             if still:
-                log.warning("giving back %s that did not finish within the grace period", plural(len(still), "job"))
+                log.warning("giving back %s that did not finish within the grace period; stopping their tasks: %s",
+                            plural(len(still), "job"), self._running_text(still))
+                told = time.monotonic()
+                for job_id, (task, _) in snapshot(lambda: self._active.items()):
+                    if task in still:
+                        self._told.setdefault(job_id, told)
+                if self._heartbeat is not None:
+                    self._heartbeat.wake()
                 for t in still:
                     t.cancel()
-                await asyncio.gather(*still, return_exceptions=True)
+                _, still = await asyncio.wait(still, timeout=self.stop_seconds)
+                if still:
+                    await self._stuck(still)
         drained = await self.completer.close(timeout=max(10.0, self.lease_seconds))
         if not drained:
             log.error("some outcomes were not written; those jobs return when their leases expire")

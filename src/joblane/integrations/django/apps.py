@@ -32,7 +32,7 @@ def django_task(fn):
 
 def prepare_tasks(app) -> None:
     for task in app.tasks.values():
-        if not task.is_async:
+        if not task.is_async and task.executor != "process":  # a child finds its function by name
             task.fn = django_task(task.fn)
 
 

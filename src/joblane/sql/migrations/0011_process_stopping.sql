@@ -1,0 +1,13 @@
+-- joblane schema, version 11: what keeps a stopping worker alive.
+--
+-- A worker told to stop (SIGTERM) finishes its running tries within the
+-- grace period, then tells those still running to stop: an exception raised
+-- in a plain task's thread, SIGTERM and SIGKILL to a task's child process.
+-- A thread blocked in C code stops only when that call returns, and its job
+-- stays leased until then, so that no second try starts beside it. While
+-- that lasts the worker's heartbeat writes here since when it stops and
+-- which jobs it is waiting for: {"since": <epoch>, "jobs": [{"id", "kind",
+-- "running": <seconds>, "told": <seconds since told to stop, or null>}]}.
+-- `joblane workers` and the dashboard's workers page show it. NULL while the
+-- worker runs normally.
+ALTER TABLE {schema}.processes ADD COLUMN stopping jsonb;

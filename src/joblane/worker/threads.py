@@ -1,0 +1,147 @@
+"""Plain ``def`` tasks in the worker's threads, and how they are stopped.
+
+A thread cannot be killed. Until now a timeout, a cancel or the end of the
+shutdown grace stopped waiting for a plain task's thread, not the thread: its
+job was given back (or retried) while the task went on running, and another
+worker could start it beside the first. Here a try that is told to stop
+gets an exception raised inside its thread (``PyThreadState_SetAsyncExc``,
+as Dramatiq's time limits do), and the try is over only when its thread
+has returned: until then ``run_in_thread`` does not return, so the job
+stays in the worker's active jobs and its lease is extended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import ctypes
+import logging
+import threading
+import time
+from concurrent.futures import Executor
+from typing import Any, Callable
+
+from ..errors import Interrupted, TaskCancelled, TaskTimedOut, WorkerShutdown
+
+log = logging.getLogger("joblane.worker")
+
+# prototypes of our own: setting argtypes on ctypes.pythonapi's shared function would change it for everyone
+_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+_clear_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+
+# how often a try that was told to stop and has not is named in the log
+STILL_RUNNING_EVERY = 10.0
+
+
+class ThreadTry:
+    """One call of a plain task in a pool thread, which another thread can interrupt.
+
+    At most one exception is ever raised into the thread, and only while the
+    task's own call runs: once the call has returned the try is marked over
+    under the lock, and anything still pending is cleared, so an interruption
+    never reaches the pool's next task or its loop.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *args: Any):
+        self.fn = fn
+        self.args = args
+        self._lock = threading.Lock()
+        self._ident: int | None = None
+        self._running = False
+        self.interrupted: type[Interrupted] | None = None  # what it was told, once
+        self.told_at: float | None = None  # monotonic time it was told to stop
+
+    def __call__(self) -> Any:
+        with self._lock:
+            self._ident = threading.get_ident()
+            self._running = True
+            if self.interrupted is not None:  # told to stop before it began: do not begin
+                self._running = False
+                raise self.interrupted()
+        try:
+            return self.fn(*self.args)
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        # An interruption set just as the call returned may be delivered anywhere in here: catch it
+        # and finish the job of marking the try over, which stops any further one from being set.
+        while True:
+            try:
+                with self._lock:
+                    self._running = False
+                _clear_async_exc(self._ident, None)  # NULL: clear one that is still pending
+                return
+            except Interrupted:
+                continue
+
+    def interrupt(self, kind: type[Interrupted]) -> bool:
+        """Raise ``kind`` in the task's thread at its next bytecode; False when it is not running (any more)."""
+        with self._lock:
+            if self.interrupted is not None:
+                return self._running
+            self.interrupted = kind
+            self.told_at = time.monotonic()
+            if not self._running:
+                return False
+            return _set_async_exc(self._ident, kind) == 1
+
+
+async def run_in_thread(threads: Executor | None, fn: Callable[..., Any], job: Any,
+                        timeout: float | None, stop_reason: Callable[[], type[Interrupted]]) -> Any:
+    """``fn(job)`` in a thread of ``threads``; returns or raises what it did, once its thread is done with it.
+
+    After ``timeout`` seconds the thread is interrupted with TaskTimedOut and, once it has stopped,
+    TimeoutError is raised. When this coroutine is cancelled (a cancel or a shutdown: ``stop_reason()``
+    says which) the thread is interrupted and waited for, then CancelledError propagates; a task that
+    returned meanwhile gives its value instead. A thread that does not stop (blocked in C code) keeps
+    this coroutine, and so the job's lease, until it does.
+    """
+    loop = asyncio.get_running_loop()
+    try_ = ThreadTry(fn, job)
+    # the thread sees this task's context (the run span, so the task's own spans nest under it)
+    future = loop.run_in_executor(threads, contextvars.copy_context().run, try_)
+    cancelled = False
+    try:
+        done, _ = await asyncio.wait({future}, timeout=timeout)
+        if not done:
+            try_.interrupt(TaskTimedOut)
+    except asyncio.CancelledError:
+        cancelled = True
+        try_.interrupt(stop_reason())
+    if try_.interrupted is not None:
+        await _until_stopped(future, try_, job)
+    try:
+        value = future.result()
+    except TaskTimedOut:
+        raise TimeoutError(f"task {job.kind!r} timed out after {timeout:g}s") from None
+    except Interrupted:
+        if cancelled:
+            raise asyncio.CancelledError() from None
+        raise
+    return value
+
+
+async def _until_stopped(future: asyncio.Future, try_: ThreadTry, job: Any) -> None:
+    """Wait for an interrupted try's thread to return, whatever cancels this coroutine meanwhile."""
+    told = time.monotonic()
+    while not future.done():
+        try:
+            await asyncio.wait({future}, timeout=STILL_RUNNING_EVERY)
+        except asyncio.CancelledError:  # cancelled again (a cancel during a timeout, a shutdown): keep waiting
+            continue
+        if not future.done():
+            log.warning("job %d (%s) was told to stop (%s) %.0fs ago and its thread still runs (blocked outside "
+                        "Python?): its lease is kept until it returns", job.id, job.kind,
+                        (try_.interrupted or Interrupted).reason, time.monotonic() - told,
+                        extra={"joblane": {"job_id": job.id, "stopping_seconds": round(time.monotonic() - told, 1)}})
+
+
+def shutdown_reason() -> type[Interrupted]:
+    return WorkerShutdown
+
+
+def cancel_reason() -> type[Interrupted]:
+    return TaskCancelled
