@@ -1,7 +1,8 @@
 """joblane: PostgreSQL as your job queue and transactional outbox."""
 
 from .app import App, Task
-from .errors import Hold, JoblaneError, PermanentError, RetryAfter, SchemaVersionError, WaitFor
+from .errors import (Hold, Interrupted, JoblaneError, PermanentError, RetryAfter, SchemaVersionError, TaskCancelled,
+                     TaskTimedOut, WaitFor, WorkerShutdown)
 from .flows import Batch
 from .types import Job, JobSpec
 
@@ -11,6 +12,7 @@ __all__ = [
     "App",
     "Batch",
     "Hold",
+    "Interrupted",
     "Job",
     "JobSpec",
     "JoblaneError",
@@ -18,5 +20,8 @@ __all__ = [
     "RetryAfter",
     "SchemaVersionError",
     "Task",
+    "TaskCancelled",
+    "TaskTimedOut",
     "WaitFor",
+    "WorkerShutdown",
 ]

@@ -11,6 +11,11 @@ from typing import Callable
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+# a worker or relay started without --pgbouncer that finds a pooler between it and the server (%g: its poll interval)
+POOLER_FOUND = ("the database is reached through a pooler or proxy (its ends differ from this connection's): running "
+                "as with --pgbouncer (no prepared statements; polling every %gs instead of LISTEN); --no-pgbouncer "
+                "keeps the direct mode")
+
 
 async def sleep_unless(event: asyncio.Event, seconds: float) -> None:
     """Sleep ``seconds``, or less if ``event`` is set meanwhile."""

@@ -168,6 +168,17 @@ async def through_pooler_async(conn: Any) -> bool:
     return sock is not None and through_pooler(sock.fileno(), tuple(row))
 
 
+async def dsn_through_pooler(dsn: str, application_name: str) -> bool:
+    """Whether a new asyncpg connection to ``dsn`` reaches the server through a pooler or proxy (one look)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn, statement_cache_size=0, server_settings={"application_name": application_name})
+    try:
+        return await through_pooler_async(conn)
+    finally:
+        await conn.close()
+
+
 def _pooling_said() -> bool:
     return os.environ.get("JOBLANE_PGBOUNCER", "").strip().lower() in ("1", "true", "yes", "on")
 

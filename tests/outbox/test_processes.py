@@ -7,6 +7,7 @@ import signal
 import time
 
 import psycopg
+import pytest
 
 from joblane.queries import quote_ident
 
@@ -84,8 +85,10 @@ async def test_sigterm_lets_the_batch_in_flight_finish(app, conn, joblane_dsn, r
     assert receiver.keys().count(f"outbox:{ids[0]}") == 1
 
 
+@pytest.mark.parametrize("flag", ["--pgbouncer", None])
 async def test_a_relay_behind_pgbouncer_in_transaction_pooling_delivers_every_message_once(
-        app, conn, joblane_dsn, receiver, spawn_relay):
+        app, conn, joblane_dsn, receiver, spawn_relay, flag):
+    """With --pgbouncer, or without it: the relay then finds the pooler at start and says so once."""
     from ..deploy.pgbouncer import pgbouncer
 
     with pgbouncer(joblane_dsn, pool_mode="transaction", pool_size=3) as pooled:
@@ -93,8 +96,8 @@ async def test_a_relay_behind_pgbouncer_in_transaction_pooling_delivers_every_me
             for i in range(300):
                 with c.transaction():
                     app.publish(c, "hook.pooled", {"i": i}, key=f"k{i % 7}")
-        relay = spawn_relay(APP, app.schema, "--pgbouncer", "--poll-interval", "0.2", "--batch-size", "50",
-                            env={"TEST_HTTP_URL": receiver.url, "DATABASE_URL": pooled})
+        relay = spawn_relay(APP, app.schema, *([flag] if flag else []), "--poll-interval", "0.2", "--batch-size",
+                            "50", env={"TEST_HTTP_URL": receiver.url, "DATABASE_URL": pooled})
         await eventually(lambda: len(receiver.posts()) >= 300, timeout=60, message="every message delivered")
         [registered] = conn.execute(f'SELECT role, pid, queues FROM "{app.schema}".processes').fetchall()
         assert registered == ("relay", relay.proc.pid, ["hook."]), "the relay registered (joblane workers lists it)"
@@ -106,12 +109,13 @@ async def test_a_relay_behind_pgbouncer_in_transaction_pooling_delivers_every_me
     keys = receiver.keys()
     assert len(keys) == 300 == len(set(keys)), "each message once"
     assert warnings_and_errors(relay.output()) == [], relay.output()[-3000:]
+    said = relay.output().count("reached through a pooler")
+    assert said == (0 if flag else 1), relay.output()[-3000:]
 
 
 async def test_a_relay_behind_pgbouncer_in_session_pooling_needs_no_flag(app, conn, joblane_dsn, receiver, spawn_relay):
-    """Session pooling keeps a client's server connection: the relay runs as on a direct connection
-    (prepared statements, its session setting made with SET, since PgBouncer refuses unknown startup
-    parameters), and delivers every message once."""
+    """Session pooling keeps a client's server connection: the relay finds the pooler, runs as with
+    --pgbouncer (nothing prepared, polling) and delivers every message once."""
     from ..deploy.pgbouncer import pgbouncer
 
     with pgbouncer(joblane_dsn, pool_mode="session", pool_size=10) as pooled:

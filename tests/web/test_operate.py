@@ -44,6 +44,20 @@ def test_workers_page_lists_live_workers_and_relays_and_drops_dead_ones(app, con
     assert 'href="/workers"' in html
 
 
+def test_workers_page_says_which_jobs_keep_a_stopping_worker_alive(app, conn, client):
+    register(conn, app, "box-1:101:aa")
+    add_job(conn, app, state="running", worker="box-1:101:aa")
+    stopping = ('{"since": %f, "jobs": [{"id": 41, "kind": "ocr", "running": 95.0, "told": 12.0}]}'
+                % (dt.datetime.now(dt.timezone.utc).timestamp() - 40))
+    stmt = app.store.heartbeat_process("box-1:101:aa", 1, 30.0, stopping)
+    run_sql(conn, stmt.sql, stmt.args)
+    html = client.get("/workers").text
+    box1 = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", re.search(r'data-process="box-1:101:aa".*?</tr>', html,
+                                                                re.S).group(0)))
+    assert re.search(r"stopping 4\ds", box1), box1
+    assert "#41 ocr running 1m 35s, told to stop 12s ago" in box1, box1
+
+
 def test_queues_page_shows_depth_age_running_and_recent_failures(app, conn, client):
     for _ in range(3):
         add_job(conn, app, queue="leads")

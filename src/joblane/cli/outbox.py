@@ -25,7 +25,7 @@ from .common import (Duration, Fail, Table, app_from_context, console, emit_json
 @click.option("--grace", "grace_seconds", default=15.0, show_default=True, type=click.FloatRange(0, 86400),
               help="Seconds the batches in flight get to finish after SIGTERM.")
 @click.option("--no-listen", is_flag=True, help="Poll only (no LISTEN connection).")
-@click.option("--pgbouncer", is_flag=True, envvar="JOBLANE_PGBOUNCER",
+@click.option("--pgbouncer/--no-pgbouncer", default=None, envvar="JOBLANE_PGBOUNCER",
               help="Behind PgBouncer in transaction pooling: no named prepared statements, poll instead of LISTEN "
                    "(also JOBLANE_PGBOUNCER=1).")
 @click.option("--connect-timeout", default=60.0, show_default=True, type=click.FloatRange(0, 86400),
@@ -44,7 +44,7 @@ from .common import (Duration, Fail, Table, app_from_context, console, emit_json
 @click.pass_context
 def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, poll_interval: float,
           lease_seconds: float, grace_seconds: float, no_listen: bool, retention_seconds: float,
-          log_format: str, verbose: bool, connect_timeout: float, pgbouncer: bool = False,
+          log_format: str, verbose: bool, connect_timeout: float, pgbouncer: bool | None = None,
           metrics_port: int | None = None, metrics_host: str = "127.0.0.1", vacuum_interval: float = 10.0) -> None:
     """Deliver APP's outbox through the sinks it routes (app.route(prefix, sink)).
 

@@ -44,7 +44,7 @@ import asyncpg
 
 from .. import store, telemetry
 from ..errors import JoblaneError
-from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
+from ..lifecycle import POOLER_FOUND, GracefulSignals, retry_delay, sleep_unless, version
 from ..maintenance import OutboxPruner, Vacuumer
 from ..migrations import check_async
 from ..notifier import Notifier
@@ -117,7 +117,7 @@ class Relay:
         vacuum_interval: float = 10.0,
         name: str | None = None,
         connect_timeout: float = 60.0,
-        pgbouncer: bool = False,
+        pgbouncer: bool | None = None,
         summary_interval: float = 60.0,
     ):
         routes = list(app.routes if routes is None else routes)
@@ -151,7 +151,7 @@ class Relay:
         self.grace_seconds = float(grace_seconds)
         self.delivery_timeout = float(delivery_timeout)
         # behind PgBouncer in transaction pooling: no named prepared statements, poll instead of LISTEN
-        self.pgbouncer = bool(pgbouncer)
+        self.pgbouncer = None if pgbouncer is None else bool(pgbouncer)  # None: found out at start
         self.listen = listen and not self.pgbouncer
         self.jitter = jitter
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -220,6 +220,11 @@ class Relay:
             # Behind PgBouncer in transaction pooling nothing is prepared (asyncpg's cache off), so every
             # statement is planned for its arguments; elsewhere each connection asks for that when it
             # connects (plan_for_arguments: a generic plan of finish_outbox costs 20x).
+            if self.pgbouncer is None:
+                self.pgbouncer = await store.dsn_through_pooler(self.app.dsn, self.application_name)
+                if self.pgbouncer:
+                    self.listen = False
+                    log.info(POOLER_FOUND, self.poll_interval)
             options: dict = {"statement_cache_size": 0} if self.pgbouncer else {"init": self._plan_for_arguments}
             pool = await asyncpg.create_pool(self.app.dsn, min_size=1,
                                              max_size=self.concurrency + 2 + (self.vacuumer is not None),

@@ -126,12 +126,13 @@ class Data:
                                   "jobs": 0, "running": [], "first_lease_left": None, "last_lease_left": None,
                                   "expired": False, "registered": True, "reported_running": p["running"],
                                   "started_at": p["started_at"], "last_seen": p["last_seen"],
-                                  "seen_ago": (now - p["last_seen"]).total_seconds()}
+                                  "seen_ago": (now - p["last_seen"]).total_seconds(),
+                                  "stopping": _stopping(p.get("stopping"), now)}
         for w, n, queues, first, last, ids, kinds in self._rows(self.app.store.dashboard_workers(job_sample)):
             row = by_name.setdefault(w, {"worker": w, "role": "worker", "queues": queues, "registered": False,
                                          "concurrency": None, "seen_ago": None, "host": None, "pid": None,
                                          "version": None, "reported_running": None, "started_at": None,
-                                         "last_seen": None})
+                                         "last_seen": None, "stopping": None})
             row.update({"jobs": n, "first_lease_left": first, "last_lease_left": last,
                         "running": list(zip(ids, kinds)), "expired": first is not None and first < 0})
         return list(by_name.values())
@@ -371,3 +372,11 @@ def _with_waits(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for job in jobs:
         job["waits_on"] = waits_on(job["state"], job["wait_key"], job["parents_left"])
     return jobs
+
+
+def _stopping(stopping: dict[str, Any] | None, now: dt.datetime) -> dict[str, Any] | None:
+    """A stopping worker's registry entry for the page: for how long, and the jobs that keep it alive."""
+    if not stopping:
+        return None
+    return {"seconds": max(0.0, now.timestamp() - float(stopping.get("since") or 0)),
+            "jobs": list(stopping.get("jobs") or [])}

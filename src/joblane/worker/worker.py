@@ -27,7 +27,7 @@ import asyncpg
 
 from .. import store, telemetry
 from ..errors import JoblaneError, SchemaVersionError, TaskCancelled, WorkerShutdown
-from ..lifecycle import GracefulSignals, retry_delay, sleep_unless, version
+from ..lifecycle import POOLER_FOUND, GracefulSignals, retry_delay, sleep_unless, version
 from ..maintenance import History, Pruner, Rescuer, Scheduler, Vacuumer
 from ..maintenance.service import Service
 from ..migrations import check_async
@@ -237,17 +237,10 @@ class Worker:
         transaction may not get: the claims would fail with "prepared statement does not exist" and
         retry while jobs wait. The same look at the connection's two ends as enqueue's (store.reaches_server).
         """
-        conn = await asyncpg.connect(self.app.dsn, statement_cache_size=0,
-                                     server_settings={"application_name": self.application_name})
-        try:
-            pooled = await store.through_pooler_async(conn)
-        finally:
-            await conn.close()
+        pooled = await store.dsn_through_pooler(self.app.dsn, self.application_name)
         if pooled:
             self.listen = False
-            log.info("the database is reached through a pooler or proxy (its ends differ from this connection's): "
-                     "running as with --pgbouncer (no prepared statements; polling every %gs instead of LISTEN); "
-                     "--no-pgbouncer keeps the direct mode", self.poll_interval)
+            log.info(POOLER_FOUND, self.poll_interval)
         return pooled
 
     # -- running one job --------------------------------------------------

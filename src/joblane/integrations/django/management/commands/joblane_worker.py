@@ -36,7 +36,8 @@ class Command(BaseCommand):
         try:
             worker = Worker(app, queues=options["queues"], concurrency=options["concurrency"],
                             poll_interval=options["poll_interval"], lease_seconds=options["lease_seconds"],
-                            grace_seconds=options["grace_seconds"], listen=not options["no_listen"])
+                            grace_seconds=options["grace_seconds"], listen=not options["no_listen"],
+                            exit_when_stuck=True)  # this process is the worker's: it may exit without a stuck thread
             if options["metrics_port"] is not None:
                 from .....telemetry import serve_metrics
 
