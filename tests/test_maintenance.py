@@ -123,6 +123,61 @@ async def test_the_vacuumer_vacuums_a_table_once_its_dead_rows_pile_up(app, conn
             Vacuumer(app.store, **bad)
 
 
+async def test_the_vacuumer_stops_while_a_session_holds_the_horizon_and_names_it(app, conn, joblane_dsn, caplog):
+    """A session idle in a REPEATABLE READ transaction: vacuum can remove nothing, so the vacuumer says who
+    holds the horizon (pid, application, age, query), stops vacuuming, and starts again once it ends;
+    status --health names the same session."""
+    ids = [fabricate(conn, app, state="pending") for _ in range(300)]
+    holder = psycopg.connect(joblane_dsn, application_name="nightly report")
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute(f"SELECT count(*) FROM {table(app, 'jobs')}").fetchone()  # takes its snapshot
+    pid = holder.info.backend_pid
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        vacuumer = Vacuumer(app.store, tables=("jobs",), interval=0.001, check=0.001, min_dead=250)
+        with conn.transaction():
+            conn.execute(f"UPDATE {table(app, 'jobs')} SET priority = 1 WHERE id = ANY(%s)", (ids,))
+            conn.execute("SELECT pg_stat_force_next_flush()")
+        with caplog.at_level("INFO", logger="joblane"):
+            assert await vacuumer.run_once(c) == [("jobs", 300)]  # it tried once, and removed nothing
+            assert vacuumer.futile == 1 and vacuumer.blocked["jobs"]["who"] == str(pid)
+            said = [r.getMessage() for r in caplog.records if "holds back the horizon" in r.getMessage()]
+            assert len(said) == 1 and f"session pid {pid} (nightly report" in said[0], said
+            assert "idle in transaction" in said[0] and "SELECT count(*)" in said[0]
+            for _ in range(3):  # no vacuum while the session holds it
+                assert await vacuumer.run_once(c) == []
+            health = joblane.admin.health(app, conn)
+            assert health["horizon"]["who"] == str(pid)
+            holder.rollback()  # the report ends
+            assert await vacuumer.run_once(c) == [("jobs", 300)]
+            assert "jobs" not in vacuumer.blocked
+            assert any("horizon moved on (session pid" in r.getMessage() for r in caplog.records)
+        assert dead_rows(conn, app, "jobs") == (0, True)
+    finally:
+        holder.close()
+        await c.close()
+
+
+def test_status_health_names_the_session_that_holds_the_horizon(app, conn, joblane_dsn):
+    from joblane import admin
+
+    holder = psycopg.connect(joblane_dsn, application_name="forgotten psql")
+    try:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 42").fetchone()
+        backdated = admin.OLD_TRANSACTION_SECONDS
+        admin.OLD_TRANSACTION_SECONDS = -1  # as if it had been open for longer than five minutes
+        try:
+            warnings = admin.health(app, conn)["warnings"]
+        finally:
+            admin.OLD_TRANSACTION_SECONDS = backdated
+        [warning] = [w for w in warnings if "holds back vacuum's horizon" in w]
+        assert warning.startswith(f"session pid {holder.info.backend_pid} (forgotten psql, user ")
+        assert "idle in transaction for" in warning and "SELECT 42" in warning
+    finally:
+        holder.close()
+
+
 async def test_the_vacuumer_comes_back_as_soon_as_its_vacuums_can_afford(app, conn, joblane_dsn):
     """The wait after a vacuum is its duration over ``share``, within [check, interval]: a quick vacuum of a
     busy table is followed by the next within seconds, however long the interval; a slow one is not."""

@@ -308,3 +308,28 @@ def tally(counts: Any, empty: str = "nothing") -> str:
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+HORIZON_KEYS = ("kind", "who", "application", "user", "state", "seconds", "query", "xid_age")
+
+
+def holder_text(holder: dict[str, Any]) -> str:
+    """What holds vacuum's horizon, for people: ``session pid 4242 (psql, user alice, idle in transaction
+    for 10m 2s: SELECT ...)``, ``replication slot s1 (inactive)``, ``prepared transaction 'tx' (12m 3s)``."""
+    kind, who = holder.get("kind"), holder.get("who")
+    name = f"session pid {who}" if kind == "session" else f"{kind} {who!r}"
+    parts = []
+    if holder.get("application"):
+        parts.append(str(holder["application"]))
+    if holder.get("user"):
+        parts.append(f"user {holder['user']}")
+    state = holder.get("state")
+    if holder.get("seconds") is not None:
+        state = f"{state or 'open'} for {format_age(holder['seconds'])}"
+    if state:
+        parts.append(state)
+    text = ", ".join(parts)
+    query = " ".join(str(holder.get("query") or "").split())
+    if query:
+        text += f": {query[:120]}{'…' if len(query) > 120 else ''}"
+    return f"{name} ({text})" if text else name

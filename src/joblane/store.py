@@ -442,6 +442,12 @@ class Store:
     def vacuum_due(self, tables, min_dead, idle_seconds) -> Statement:
         return self._s("vacuum_due", self.schema, tables, min_dead, idle_seconds)
 
+    def dead_rows(self, table) -> Statement:
+        return self._s("dead_rows", self.schema, table)
+
+    def horizon_holder(self) -> Statement:
+        return self._s("horizon_holder")
+
     def vacuum_jobs(self) -> Statement:
         return self._s("vacuum_jobs")
 

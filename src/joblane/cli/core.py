@@ -156,6 +156,9 @@ def _health(app: App, as_json: bool) -> None:
     looks = f" (looks every {report['autovacuum_naptime_seconds']:g}s)" if report["autovacuum"] else ""
     console.print(f"autovacuum {'on' if report['autovacuum'] else 'off'}{looks}; oldest open transaction: "
                   f"{rules.format_age(oldest) if oldest is not None else 'none'}")
+    if report["horizon"] is not None:
+        console.print(f"vacuum's horizon is held by {escape(rules.holder_text(report['horizon']))}",
+                      highlight=False, soft_wrap=True)
     for warning in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 

@@ -6,6 +6,7 @@ import time
 from typing import Any, Callable
 
 from .. import store
+from ..rules import HORIZON_KEYS, holder_text
 from ..store import Statement, Store
 from .service import Service
 
@@ -29,6 +30,14 @@ class Vacuumer(Service):
     about that share of the time: a small hot table is vacuumed every
     second or two, a big one no more often than its vacuums can afford. A
     quiet queue is left to autovacuum.
+
+    While a session holds an old snapshot (an idle ``REPEATABLE READ``
+    transaction, a long report), a replication slot or a prepared transaction
+    holds the horizon back, no vacuum can remove the versions deleted since:
+    vacuuming again every second then only costs I/O. A vacuum that leaves
+    most of the dead versions behind looks up what holds the horizon
+    (``horizon_holder``), says so once in the log, naming it, and the table
+    is not vacuumed again until that holder has ended or moved on.
 
     ``VACUUM`` cannot run in a transaction, so a round takes no advisory lock:
     ``SKIP_LOCKED`` passes over a table that autovacuum, another worker or
@@ -60,11 +69,19 @@ class Vacuumer(Service):
         self.min_dead = int(min_dead)
         self._vacuum = known
         self.seconds = 0.0  # spent vacuuming, all rounds together (a metric)
+        self.blocked: dict[str, dict[str, Any]] = {}  # table -> the horizon's holder its last vacuum ran into
+        self.futile = 0  # vacuums that could remove next to nothing (a metric)
 
     async def run_once(self, conn: Any) -> list[tuple[str, int]]:
         """Vacuum the tables due, outside any transaction; the (table, dead versions before) vacuumed."""
-        due = await store.records(conn, self.store.vacuum_due(self.tables, self.min_dead,
-                                                              min(self.wait(t) for t in self.tables)))
+        if self.blocked:
+            await self._still_blocked(conn)
+        tables = [t for t in self.tables if t not in self.blocked]
+        if not tables:
+            self.runs += 1
+            return []
+        due = await store.records(conn, self.store.vacuum_due(tables, self.min_dead,
+                                                              min(self.wait(t) for t in tables)))
         done = []
         for table, dead, idle in due:
             if idle < self.wait(table):
@@ -75,9 +92,38 @@ class Vacuumer(Service):
             self.took[table] = took
             self.seconds += took
             done.append((table, dead))
+            await self._check_removed(conn, table, dead)
         self.runs += 1
         self.total += len(done)
         return done
+
+    async def _check_removed(self, conn: Any, table: str, before: int) -> None:
+        """After a vacuum: when it left most dead versions behind, find what holds the horizon and stop."""
+        left = await store.value(conn, self.store.dead_rows(table))
+        if left is None or left < self.min_dead or left < before / 2:
+            return
+        self.futile += 1
+        rows = await store.records(conn, self.store.horizon_holder())
+        if not rows:
+            return
+        holder = dict(zip(HORIZON_KEYS, rows[0]))
+        self.blocked[table] = holder
+        self.log.warning("%s: vacuum of %s could remove %s of %s dead row versions: %s holds back the horizon; "
+                         "%s is not vacuumed again until it ends", self.name, table, f"{max(before - left, 0):,}",
+                         f"{before:,}", holder_text(holder), table,
+                         extra={"joblane": {"table": table, "dead": left, "horizon": holder}})
+
+    async def _still_blocked(self, conn: Any) -> None:
+        """Unblock the tables whose horizon holder has ended, or begun a newer snapshot."""
+        rows = await store.records(conn, self.store.horizon_holder())
+        now = dict(zip(HORIZON_KEYS, rows[0])) if rows else None
+        for table, holder in list(self.blocked.items()):
+            same = (now is not None and (now["kind"], now["who"]) == (holder["kind"], holder["who"])
+                    and (now["xid_age"] or 0) >= (holder["xid_age"] or 0))
+            if not same:
+                del self.blocked[table]
+                self.log.info("%s: the horizon moved on (%s no longer holds it): vacuuming %s again", self.name,
+                              holder_text(holder).split(" (")[0], table)
 
     def wait(self, table: str) -> float:
         """Seconds a table must go unvacuumed before it is due: its last vacuum here over ``share``, at least

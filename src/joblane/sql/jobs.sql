@@ -375,6 +375,47 @@ SELECT c.relname::text, s.dead, coalesce(extract(epoch FROM now() - s.last)::flo
    AND pg_has_role(c.relowner, 'USAGE')
  ORDER BY s.dead DESC;
 
+-- name: dead_rows
+-- The dead row versions of table $2 in schema $1 now, by the statistics (after a vacuum: those it could not remove).
+SELECT pg_stat_get_dead_tuples(c.oid)
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'r';
+
+-- name: horizon_holder
+-- The oldest of what holds back vacuum's horizon for this database's tables: kind, who, application, user, state, seconds, query, xid age.
+--
+-- A session's snapshot (backend_xmin: an open REPEATABLE READ transaction,
+-- a long query) or transaction id (backend_xid) in this database, a
+-- walsender's hot_standby_feedback, a replication slot's xmin, a prepared
+-- transaction: vacuum can remove no row version deleted after the oldest of
+-- them began. Sessions of other databases hold only the shared catalogs.
+-- Another role's query text reads "<insufficient privilege>" without
+-- pg_read_all_stats.
+WITH holders AS (
+    SELECT 'session'::text AS kind, a.pid::text AS who, a.application_name::text AS application,
+           a.usename::text AS username, a.state::text AS state,
+           extract(epoch FROM now() - coalesce(a.xact_start, a.query_start, a.backend_start))::float8 AS seconds,
+           left(a.query, 300) AS query, age(coalesce(a.backend_xmin, a.backend_xid)) AS xid_age
+      FROM pg_stat_activity a
+     WHERE coalesce(a.backend_xmin, a.backend_xid) IS NOT NULL AND a.pid <> pg_backend_pid()
+       AND (a.datname = current_database() OR a.datname IS NULL)
+    UNION ALL
+    SELECT 'replication slot', s.slot_name::text, s.plugin::text, NULL, CASE WHEN s.active THEN 'active' ELSE 'inactive' END,
+           NULL, NULL, age(s.xmin)
+      FROM pg_replication_slots s
+     WHERE s.xmin IS NOT NULL
+    UNION ALL
+    SELECT 'prepared transaction', p.gid, NULL, p.owner::text, 'prepared',
+           extract(epoch FROM now() - p.prepared)::float8, NULL, age(p.transaction)
+      FROM pg_prepared_xacts p
+     WHERE p.database = current_database()
+)
+SELECT kind, who, application, username, state, seconds, query, xid_age
+  FROM holders
+ ORDER BY xid_age DESC
+ LIMIT 1;
+
 -- name: vacuum_jobs
 -- Vacuum the jobs table, unless a vacuum (autovacuum or another worker's) holds it now.
 VACUUM (SKIP_LOCKED) {schema}.jobs;
