@@ -118,8 +118,8 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
             emit_json({**r.as_dict(), "machine": cost})
         return
     table = Table(title="joblane bench")
-    for col in ("workload", "settings", "result"):
-        table.add_column(col)
+    for col in ("workload", "settings", "result", "WAL per job", "server CPU per job"):
+        table.add_column(col, justify="right" if col.endswith("per job") else "left")
     for r in results:
         if r.workload == "d":
             shown = f"p50 {r.extra['p50_ms']:.2f} ms, p99 {r.extra['p99_ms']:.2f} ms"
@@ -127,7 +127,9 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
             shown = f"{r.value:,.0f} {r.unit}"
         if "bare_rate" in r.extra:
             shown += f" ({r.extra['ratio']:.2f}x the bare nats-py client's {r.extra['bare_rate']:,.0f}/s)"
-        table.add_row(r.workload, r.settings, shown)
+        wal, cpu = r.extra.get("wal_bytes_per_job"), r.extra.get("server_cpu_us_per_job")
+        table.add_row(r.workload, r.settings, shown, "-" if wal is None else f"{wal:,.0f} B",
+                      "-" if cpu is None else f"{cpu:,.1f} us")
     print_table(table)
     console.print(f"this machine: {showcase_bench.describe_commit_cost(cost)}", highlight=False, soft_wrap=True)
 

@@ -86,6 +86,68 @@ def describe_commit_cost(cost: dict[str, Any]) -> str:
             f"synchronous_commit {cost['synchronous_commit']}), round trip {cost['round_trip_ms']:.2f} ms")
 
 
+class ServerCost:
+    """What the server wrote and spent over a stretch of a benchmark: WAL bytes and CPU time, per job.
+
+    WAL from ``pg_current_wal_lsn()`` before and after: the whole cluster's, so
+    a quiet server is assumed (the benchmarks run alone). CPU from /proc: the
+    postmaster's own and reaped children's time plus that of its live
+    children (backends, WAL writer, checkpointer), when the server runs on
+    this machine and /proc can be read; None otherwise.
+    """
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self.start: tuple[int, float | None] | None = None
+        self.end: tuple[int, float | None] | None = None
+
+    def __enter__(self) -> "ServerCost":
+        self.start = self._read()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.end = self._read()
+
+    def _read(self) -> tuple[int, float | None]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            lsn, pid = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, pg_backend_pid()").fetchone()
+        return int(lsn), _cluster_cpu_seconds(pid)
+
+    def per_job(self, jobs: int) -> dict[str, Any]:
+        if self.start is None or self.end is None or jobs <= 0:
+            return {}
+        out: dict[str, Any] = {"wal_bytes_per_job": round((self.end[0] - self.start[0]) / jobs, 1)}
+        if self.start[1] is not None and self.end[1] is not None:
+            out["server_cpu_us_per_job"] = round((self.end[1] - self.start[1]) / jobs * 1e6, 2)
+        return out
+
+
+def _cluster_cpu_seconds(backend_pid: int) -> float | None:
+    """CPU seconds of the cluster a backend belongs to, from /proc (None where it cannot be read)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(pid: int) -> list[str]:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+
+    try:
+        postmaster = int(stat(backend_pid)[1])  # the backend's parent
+        total = sum(int(v) for v in stat(postmaster)[11:15])  # utime, stime, cutime, cstime (reaped children)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    fields = stat(int(entry))
+                except OSError:
+                    continue
+                if int(fields[1]) == postmaster:
+                    total += int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / tick
+
+
 def _bench_app(dsn: str, schema: str, *, lean: bool = False) -> App:
     app = App(dsn, schema=schema)
 
@@ -99,7 +161,7 @@ def _bench_app(dsn: str, schema: str, *, lean: bool = False) -> App:
 def enqueue_single(dsn: str, jobs: int = 5000, *, autocommit: bool = True) -> Result:
     with isolated_schema(dsn, new_schema_name("bench")) as schema:
         app = _bench_app(dsn, schema)
-        with psycopg.connect(dsn, autocommit=autocommit) as conn:
+        with psycopg.connect(dsn, autocommit=autocommit) as conn, ServerCost(dsn) as cost:
             started = time.perf_counter()
             for i in range(jobs):
                 if autocommit:
@@ -108,7 +170,8 @@ def enqueue_single(dsn: str, jobs: int = 5000, *, autocommit: bool = True) -> Re
                     with conn.transaction():
                         app.enqueue(conn, "noop", {"i": i})
             elapsed = time.perf_counter() - started
-    return Result("a", "autocommit" if autocommit else "explicit transaction", jobs / elapsed, "jobs/s")
+    return Result("a", "autocommit" if autocommit else "explicit transaction", jobs / elapsed, "jobs/s",
+                  cost.per_job(jobs))
 
 
 def enqueue_bulk(dsn: str, jobs: int = 50_000, per_call: int = 1000, *, form: str = "jobspec",
@@ -129,16 +192,17 @@ def enqueue_bulk(dsn: str, jobs: int = 50_000, per_call: int = 1000, *, form: st
             # statement of a process pays for loading code and types
             app.enqueue_many(conn, [JobSpec("noop", {"warm-up": True})])
             noop.enqueue_many(conn, [{"warm-up": True}])
-            started = time.perf_counter()
-            for start in range(0, jobs, per_call):
-                stop = min(jobs, start + per_call)
-                if form == "typed":
-                    noop.enqueue_many(conn, [{"i": i} for i in range(start, stop)])
-                else:
-                    app.enqueue_many(conn, [JobSpec("noop", {"i": i}) for i in range(start, stop)])
-            elapsed = time.perf_counter() - started
+            with ServerCost(dsn) as cost:
+                started = time.perf_counter()
+                for start in range(0, jobs, per_call):
+                    stop = min(jobs, start + per_call)
+                    if form == "typed":
+                        noop.enqueue_many(conn, [{"i": i} for i in range(start, stop)])
+                    else:
+                        app.enqueue_many(conn, [JobSpec("noop", {"i": i}) for i in range(start, stop)])
+                elapsed = time.perf_counter() - started
     settings = f"{per_call} per call" + (", typed" if form == "typed" else "") + ("" if notify else ", notify off")
-    return Result("b", settings, jobs / elapsed, "jobs/s")
+    return Result("b", settings, jobs / elapsed, "jobs/s", cost.per_job(jobs))
 
 
 def _prefill(app: App, jobs: int) -> None:
@@ -222,14 +286,15 @@ def process(dsn: str, jobs: int = 20_000, *, concurrency: int = 10, claim_batch:
             await runner
             return started, finished[0]
 
-        started, ended = asyncio.run(run())
+        with ServerCost(dsn) as cost:  # the worker's start and stop too: a few statements among thousands
+            started, ended = asyncio.run(run())
     name = "f" if waiting or history else "c"
     settings = label or f"concurrency {concurrency}, claim {claim_batch or concurrency}"
     if waiting:
         settings += f", {waiting:,} waiting"
     if history:
         settings += f", {history:,} finished in history"
-    return Result(name, settings, jobs / (ended - started), "jobs/s")
+    return Result(name, settings, jobs / (ended - started), "jobs/s", cost.per_job(jobs))
 
 
 def _watch_sql(dsn: str, sql: str, done: threading.Event, finished_at: list[float]) -> None:
