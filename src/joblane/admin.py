@@ -452,6 +452,7 @@ DATASET_KEYS = ("attempt_id", "job_id", "kind", "queue", "attempt", "outcome", "
                 "latency_ms", "model", "prompt_version", "tokens", "cost", "error", "input", "output", "steps",
                 "label", "reviewer", "reviewed_at", "review_note", "review_edit", "replay_of", "replay_tag")
 _DATASET_JSON = ("input", "output", "steps", "review_edit")
+_DATASET_COLUMNS = DATASET_KEYS + ("edits",)
 
 
 def dataset(app: Any, conn: Any = None, *, kind: str | None = None, queue: str | None = None, since: Any = None,
@@ -462,14 +463,30 @@ def dataset(app: Any, conn: Any = None, *, kind: str | None = None, queue: str |
     stmt = app.store.dataset_rows(kind, queue, parse_when(since, "since"), parse_when(until, "until"))
     if conn is not None:
         store.check_sync(conn, "dataset")
-    return _stream(app, conn, stmt, page_size, DATASET_KEYS, _dataset_item)
+    return _stream(app, conn, stmt, page_size, _DATASET_COLUMNS, _dataset_item)
 
 
 def _dataset_item(item: dict[str, Any]) -> dict[str, Any]:
+    edits = item.pop("edits")
     for key in _DATASET_JSON:
         if item[key] is not None:
             item[key] = json.loads(item[key])
+    if edits is not None:
+        item["input"] = input_before_edits(item["input"], json.loads(edits))
     return item
+
+
+def input_before_edits(payload: Any, edits: list[dict[str, Any]]) -> Any:
+    """``payload`` with reviewers' edits undone, newest first: each edit's keys dropped, then the values it
+    replaced put back (an edit recorded without them is left as it is: what it replaced is unknown)."""
+    if not isinstance(payload, dict):
+        return payload
+    for edit in edits:
+        patch, before = edit.get("patch"), edit.get("before")
+        if not isinstance(patch, dict) or not isinstance(before, dict):
+            continue
+        payload = {k: v for k, v in payload.items() if k not in patch} | before
+    return payload
 
 
 # -- replay comparisons ------------------------------------------------------------------
