@@ -88,6 +88,22 @@ def test_overview_shows_queues_chart_and_refreshes(site, page):
     assert "updated" in page.locator("#updated").inner_text()
 
 
+def test_overview_counts_jobs_waiting_for_their_parents(site, page):
+    app, url = site
+    with app.connect() as conn:
+        parent = app.enqueue(conn, "classify", {"n": 0}, queue="waiting-q", delay=3600)
+        for n in range(3):
+            app.enqueue(conn, "classify", {"n": n}, queue="waiting-q", after=[parent])
+    page.goto(url + "/")
+    cells = page.locator("#queues tbody tr", has_text="waiting-q").locator("td")
+    header = [h.strip() for h in page.locator("#queues thead th").all_inner_texts()]
+    assert cells.nth(header.index("waiting")).inner_text().strip() == "3"
+    assert cells.nth(header.index("pending")).inner_text().strip() == "1"
+    cells.nth(header.index("waiting")).locator("a").click()
+    page.wait_for_url(re.compile(r"state=waiting"))
+    assert page.locator("tr[data-job]").count() == 3
+
+
 def test_filter_failed_jobs_retry_one_and_see_it_run(site, page):
     app, url = site
     with app.connect() as conn:
