@@ -591,6 +591,26 @@ def outbox_counts(app: Any, conn: Any = None) -> list[dict[str, Any]]:
             for t, s, n, age in _rows(app, conn, app.store.outbox_counts())]
 
 
+def unrouted_outbox(app: Any, conn: Any = None, *, prefixes: Sequence[str] | None = None,
+                    limit: int = 100) -> dict[str, Any]:
+    """Pending outbox rows whose topic no route matches, per topic (most first): they wait until one does.
+
+    ``prefixes``: the routes to judge by; by default the app's own routes and
+    every live relay's (a relay registers its prefixes, ``*`` for every
+    topic). ``relays`` says how many relays are live: with none (and an app
+    that routes nothing) every pending row waits, for a relay rather than a
+    route.
+    """
+    live = [p for p in processes(app, conn) if p["role"] == "relay"]
+    if prefixes is None:
+        known = {r.prefix for r in getattr(app, "routes", ())}
+        known.update("" if t == "*" else t for p in live for t in p["queues"])
+        prefixes = sorted(known)
+    rows = _rows(app, conn, app.store.unrouted_outbox(list(prefixes), limit))
+    return {"relays": len(live), "prefixes": list(prefixes),
+            "topics": [{"topic": t, "messages": n, "oldest_seconds": age} for t, n, age in rows]}
+
+
 def retry_outbox(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None, topic: str | None = None,
                  all_failed: bool = False, attempts: int = 10) -> list[int]:
     """Failed rows back to pending, each with ``attempts`` more tries; by id, by topic prefix, or all."""

@@ -670,6 +670,9 @@ class Store:
     def outbox_counts(self) -> Statement:
         return self._s("outbox_counts")
 
+    def unrouted_outbox(self, prefixes, limit) -> Statement:
+        return self._s("unrouted_outbox", prefixes, limit)
+
     def retry_outbox(self, ids, topic_prefix, all_failed, extra_attempts) -> Statement:
         return self._s("retry_outbox", ids, topic_prefix, all_failed, extra_attempts)
 

@@ -134,6 +134,26 @@ def status(ctx: click.Context, health: bool, as_json: bool) -> None:
         console.print(f"no jobs in schema {app.schema}")
     else:
         print_table(table)
+    _unrouted(app)
+
+
+def _unrouted(app: App) -> None:
+    """A line about pending outbox messages that no route matches (or, with no relay running, no relay takes)."""
+    found = run_or_fail(lambda: admin.unrouted_outbox(app, limit=10))
+    if not found["topics"]:
+        return
+    n = sum(t["messages"] for t in found["topics"])
+    topics = ", ".join(f"{t['topic']} ({t['messages']:,})" for t in found["topics"])
+    if found["relays"] or found["prefixes"]:
+        routes = ", ".join(p or "*" for p in found["prefixes"])
+        console.print(f"[yellow]outbox:[/yellow] {rules.plural(n, 'pending message')} "
+                      f"{'matches' if n == 1 else 'match'} no route ({escape(routes)}) and "
+                      f"{'waits' if n == 1 else 'wait'}: {escape(topics)}; add app.route(prefix, sink) "
+                      "or discard them", highlight=False)
+    else:
+        console.print(f"[yellow]outbox:[/yellow] no relay is running: {rules.plural(n, 'pending message')} "
+                      f"{'waits' if n == 1 else 'wait'} for one: {escape(topics)} (joblane relay APP)",
+                      highlight=False)
 
 
 def _health(app: App, as_json: bool) -> None:

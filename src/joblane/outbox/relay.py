@@ -24,7 +24,8 @@ idempotency key.
 Logs (logger ``joblane.outbox``): a line per retried row (INFO) and per
 failed row (WARNING) with the reason, a line per sent row at DEBUG, and
 every ``summary_interval`` seconds a summary of what was sent, retried and
-failed (only when something was).
+failed (only when something was); once per topic, a WARNING when pending
+rows wait that no live relay's route matches.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ class Relay:
         # take turns, so batches side by side walk on from each other instead of all from the same key
         self._after: tuple[str, str] = ("", "")
         self._claiming = asyncio.Lock()
+        self._unrouted_said: set[str] = set()  # topics whose rows wait with no route, already logged
         self._sinks = list({id(r.sink): r.sink for r in routes}.values())
         self._pool: asyncpg.Pool | None = None
         self._stopping = asyncio.Event()
@@ -438,6 +440,38 @@ class Relay:
                          ", ".join(f"{v} {n}" for n, v in delta.items() if v or n in ("sent", "retried", "failed")),
                          extra={"joblane": {"seconds": self.summary_interval, **delta}})
 
+    async def check_unrouted(self) -> list[tuple[str, int]]:
+        """Warn, once per topic, about pending rows that no route of this relay or of another live relay
+        matches (the claim never takes them, so they would wait without a word); returns the newly said
+        (topic, count) pairs. A topic is said again if its rows leave and others come."""
+        async with self._pool.acquire() as conn:
+            live = await store.records(conn, self.store.list_processes())
+            prefixes = set(self._prefixes)
+            prefixes.update("" if t == "*" else t for r in live if r[1] == "relay" for t in r[5])
+            rows = await store.records(conn, self.store.unrouted_outbox(sorted(prefixes), 100))
+        waiting = {r[0]: r[1] for r in rows}
+        self._unrouted_said &= set(waiting)
+        new = [(t, n) for t, n in waiting.items() if t not in self._unrouted_said]
+        routes = ", ".join(repr(p) for p in sorted(prefixes))
+        for topic, n in new:
+            self._unrouted_said.add(topic)
+            log.warning("relay: %s of topic %r %s with no route (routes: %s): add app.route(prefix, sink) for "
+                        "it, or discard %s (joblane outbox --topic %s)", plural(n, "message"), topic,
+                        "waits" if n == 1 else "wait", routes, "it" if n == 1 else "them", topic,
+                        extra={"joblane": {"topic": topic, "messages": n, "unrouted": True}})
+        return new
+
+    async def _watch_unrouted(self) -> None:
+        """check_unrouted now and every ``summary_interval`` seconds."""
+        while not self._stopping.is_set():
+            try:
+                await self.check_unrouted()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.debug("relay: unrouted check: %s", describe(exc))
+            await sleep_unless(self._stopping, self.summary_interval)
+
     async def _finish(self, outcomes: list[_Outcome]) -> set[int]:
         if not outcomes:
             return set()
@@ -554,7 +588,8 @@ class Relay:
                                for r in self.routes))
             background = [asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="outbox-pruner"),
                           asyncio.create_task(self._summaries(), name="outbox-summary"),
-                          asyncio.create_task(self._registered(), name="outbox-registration")]
+                          asyncio.create_task(self._registered(), name="outbox-registration"),
+                          asyncio.create_task(self._watch_unrouted(), name="outbox-unrouted")]
             if self.vacuumer is not None:
                 background.append(asyncio.create_task(self.vacuumer.run(self._pool, self._stopping),
                                                       name="outbox-vacuumer"))

@@ -328,6 +328,13 @@ class Data:
                 t["lag"] = max(t["lag"] or 0.0, float(oldest), 0.0)
         return [topics[t] for t in sorted(topics)]
 
+    def outbox_unrouted(self) -> dict[str, Any]:
+        """Pending messages no route matches (the app's routes and the live relays'), per topic."""
+        with self.connection() as conn:
+            found = admin.unrouted_outbox(self.app, conn)
+        found["by_topic"] = {t["topic"]: t["messages"] for t in found["topics"]}
+        return found
+
     def outbox_retrying(self, *, topic: str | None = None, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
         keys = ("id", "topic", "key", "attempts", "max_attempts", "run_after", "last_error", "created_at")
         return [dict(zip(keys, r)) for r in self._rows(self.app.store.dashboard_outbox_retrying(topic, limit))]

@@ -471,7 +471,7 @@ class Dashboard:
         topic = request.query_params.get("topic") or None
 
         def load() -> dict[str, Any]:
-            return {"topics": self.data.outbox_topics(),
+            return {"topics": self.data.outbox_topics(), "unrouted": self.data.outbox_unrouted(),
                     "retrying": self.data.outbox_retrying(topic=topic),
                     "failed": self.data.outbox_failed(before_id=before, topic=topic, limit=PAGE_SIZE + 1)}
 
@@ -482,7 +482,7 @@ class Dashboard:
         keep = {"topic": topic} if topic else {}
         next_url = ("/outbox?" + urlencode({**keep, "before": failed[-1]["id"]})) if more else None
         return self.render(request, "outbox.html", topics=loaded["topics"], failed=failed, topic=topic,
-                           retrying=loaded["retrying"],
+                           retrying=loaded["retrying"], unrouted=loaded["unrouted"],
                            next_url=next_url)
 
     async def workers_page(self, request: Request) -> Response:
