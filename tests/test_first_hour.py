@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 import psycopg
 import pytest
@@ -154,3 +155,37 @@ def test_the_dashboard_and_its_metrics_show_table_health_and_its_warnings(app, c
     assert f"joblane_health_warnings {float(len(warnings))}" in metrics
     for warning in warnings:  # a database with autovacuum off (as this machine's shared one) is named on the page
         assert f"Database: {warning}" in overview
+
+
+def test_enqueue_and_publish_on_a_database_never_migrated_say_run_joblane_migrate(joblane_dsn):
+    import asyncpg
+
+    app = joblane.App(joblane_dsn, schema="never_migrated_41")
+    expected = re.compile(r"^schema 'never_migrated_41' has no (joblane tables|table 'jobs' \(never migrated, or older"
+                          r" than this joblane\)): run `joblane migrate`$")
+    with psycopg.connect(joblane_dsn) as c:
+        for call in (lambda: app.enqueue(c, "enrich_lead", {}), lambda: app.publish(c, "crm.lead", {}),
+                     lambda: app.enqueue_many(c, [("enrich_lead", {})])):
+            with pytest.raises(joblane.SchemaVersionError) as caught:
+                with c.transaction():
+                    call()
+            assert expected.match(str(caught.value)), str(caught.value)
+            assert caught.value.__suppress_context__  # one line, not the driver's traceback under it
+
+    async def on_async_connections() -> list[str]:
+        said = []
+        ac = await psycopg.AsyncConnection.connect(joblane_dsn, autocommit=True)
+        pg = await asyncpg.connect(joblane_dsn)
+        try:
+            for conn in (ac, pg):
+                try:
+                    await app.enqueue_async(conn, "enrich_lead", {})
+                except joblane.SchemaVersionError as exc:
+                    said.append(str(exc))
+        finally:
+            await ac.close()
+            await pg.close()
+        return said
+
+    said = asyncio.run(on_async_connections())
+    assert len(said) == 2 and all(expected.match(m) for m in said), said

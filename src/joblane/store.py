@@ -26,6 +26,7 @@ import functools
 import ipaddress
 import json
 import os
+import re
 import socket
 import weakref
 from typing import Any, Iterator, NamedTuple, Sequence
@@ -34,7 +35,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
-from .errors import JoblaneError
+from .errors import JoblaneError, SchemaVersionError
 from .queries import for_schema
 
 
@@ -104,6 +105,20 @@ _reach: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # The errors of a prepared statement that a pooler in transaction pooling lost or handed to another client.
 _LOST_STATEMENT = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
+# invalid_schema_name and undefined_table, from psycopg or asyncpg: the schema was never migrated (or is older)
+_NOT_MIGRATED = ("3F000", "42P01")
+
+
+def _not_migrated(exc: BaseException) -> JoblaneError:
+    """The one-line error for a statement of ours that found no joblane schema, or not all of its tables."""
+    text = str(exc)
+    found = re.search(r'schema "(.*?)" does not exist', text)
+    if found:
+        return SchemaVersionError(f"schema {found.group(1)!r} has no joblane tables: run `joblane migrate`")
+    found = re.search(r'relation "(?:(.*)\.)?(.*?)" does not exist', text)
+    schema, table = (found.group(1), found.group(2)) if found else (None, None)
+    where = f"schema {schema!r} has no table {table!r}" if schema else "a joblane table is missing"
+    return SchemaVersionError(f"{where} (never migrated, or older than this joblane): run `joblane migrate`")
 
 
 def _same_ends(fd: int, row: Sequence[Any]) -> bool:
@@ -225,6 +240,8 @@ def fetch(conn: Any, stmt: Statement, *, prepare: bool | None = False) -> list[t
     except _LOST_STATEMENT:
         if arg is False or not _lost(raw, prepare):
             raise
+    except (pg_errors.InvalidSchemaName, pg_errors.UndefinedTable) as exc:
+        raise _not_migrated(exc) from None
     return fetch(raw, stmt, prepare=False)
 
 
@@ -245,9 +262,16 @@ async def fetch_async(conn: Any, stmt: Statement, *, prepare: bool | None = Fals
         except _LOST_STATEMENT:
             if arg is False or not _lost(raw, prepare):
                 raise
+        except (pg_errors.InvalidSchemaName, pg_errors.UndefinedTable) as exc:
+            raise _not_migrated(exc) from None
         return await fetch_async(raw, stmt, prepare=False)
     if is_asyncpg(raw) or hasattr(raw, "fetch"):
-        return [tuple(r) for r in await raw.fetch(stmt.sql, *stmt.args)]
+        try:
+            return [tuple(r) for r in await raw.fetch(stmt.sql, *stmt.args)]
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) in _NOT_MIGRATED:
+                raise _not_migrated(exc) from None
+            raise
     if isinstance(raw, psycopg.Connection):
         raise JoblaneError("got a sync psycopg Connection in an *_async call: use the sync variant")
     raise JoblaneError(f"unsupported connection type {type(conn).__name__}")

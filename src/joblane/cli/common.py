@@ -171,6 +171,9 @@ def run_or_fail(fn: Callable[[], Any]) -> Any:
     """
     try:
         return fn()
+    except SchemaVersionError as exc:  # a statement found no joblane table: the schema's version says why
+        ctx = click.get_current_context(silent=True)
+        raise Fail(schema_problem((ctx.obj or {}).get("app") if ctx is not None else None) or str(exc)) from None
     except JoblaneError as exc:
         raise Fail(str(exc)) from None
     except psycopg.Error as exc:
