@@ -177,3 +177,21 @@ async def test_text_logs_carry_iso_8601_times(app, conn, joblane_dsn, receiver, 
     assert lines and all(ISO.match(line) for line in lines), lines
     assert any("hook. -> " in line for line in lines)
     assert "HTTP Request" not in relay.output(), "httpx logs its requests at INFO: not shown"
+
+
+async def test_text_logs_to_a_file_keep_each_record_on_one_line_whatever_its_width(
+        app, conn, joblane_dsn, receiver, spawn_relay):
+    """Not a terminal (the process logs to a file): a 300-character reason stays on its record's line."""
+    reason = "no such lead: " + "x" * 300
+    receiver.respond = lambda request: (400, {}, reason.encode())
+    [bad] = publish(app, joblane_dsn, "hook.lead", [{}])
+    relay = spawn_relay(APP, app.schema, "--poll-interval", "0.1", "--log-format", "text",
+                        env={"TEST_HTTP_URL": receiver.url, "COLUMNS": ""})
+    await eventually(lambda: {s for _, s, *_ in outbox_rows(conn, app)} == {"failed"}, timeout=30,
+                     message="the row failed")
+    relay.stop()
+    lines = [line for line in relay.output().splitlines() if line.strip()]
+    assert lines and all(ISO.match(line) for line in lines), lines
+    [failed] = [line for line in lines if f"outbox {bad} " in line]
+    assert re.match(ISO.pattern + rf"WARNING +outbox {bad} hook\.lead attempt 1/25: failed: HTTP 400 Bad Request: "
+                    + reason + "$", failed), failed

@@ -381,6 +381,10 @@ def setup_logging(fmt: str, verbose: bool) -> None:
     if fmt == "json":
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
+    elif not err_console.is_terminal:
+        # a file, a pipe, a container's log: one record, one line, whatever the width (rich would wrap at 80)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(TextFormatter())
     else:
         from rich.logging import RichHandler
 
@@ -396,6 +400,17 @@ def _iso_time(when: dt.datetime) -> Any:
     from rich.text import Text
 
     return Text(when.astimezone().isoformat(timespec="milliseconds"))
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-12-02T09:15:03.123+01:00 INFO     message``: the terminal's columns, never wrapped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = dt.datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
+        line = f"{when} {record.levelname:<8} {record.getMessage()}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
 
 
 class JsonFormatter(logging.Formatter):
