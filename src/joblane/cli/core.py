@@ -252,6 +252,12 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
                        show_time(a["finished_at"]), (a["error"] or "")[:100],
                        json.dumps({k: v for k, v in (a["meta"] or {}).items() if k != "traceback"})[:100])
         print_table(at)
+        traced = [a for a in job["attempt_rows"] if isinstance((a["meta"] or {}).get("traceback"), str)]
+        if traced:
+            last = traced[-1]
+            earlier = f"; {rules.plural(len(traced) - 1, 'earlier one')} in --json" if len(traced) > 1 else ""
+            console.print(f"traceback of attempt {last['attempt']}{earlier}:", highlight=False)
+            console.print(escape(last["meta"]["traceback"].rstrip()), highlight=False, soft_wrap=True)
 
 
 def _skipped(app: App, asked: list[int] | None, done: list[int]) -> dict[int, str]:
