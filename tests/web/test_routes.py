@@ -103,6 +103,33 @@ def test_overview_counts_waiting_jobs_per_queue(app, conn, client):
     assert re.findall(r'<th class="num">([^<]*)</th>', tfoot)[6].strip() == "6"
 
 
+def test_an_error_from_before_a_job_was_done_or_a_message_sent_is_not_shown_as_current(app, conn, client):
+    """A done job keeps the last_error of a hold or a failed try, a sent message that of a failed try: shown as
+    earlier (muted), never as the row's error; a message without its own budget shows its route's."""
+    from ..review.helpers import run_cli
+
+    done = add_job(conn, app, state="done", error="held: parent job 5 failed; release to run it anyway")
+    failing = add_job(conn, app, state="failed", error="boom")
+    html = client.get("/jobs").text
+    row = re.search(rf'<tr data-job="{done}".*?</tr>', html, re.S).group(0)
+    assert 'class="err"' not in row and "earlier: held: parent job 5 failed" in row
+    assert re.search(rf'<tr data-job="{failing}".*?<span class="err">boom</span>', html, re.S)
+    shown = " ".join(run_cli(app, "jobs", "show", str(done)).stdout.replace("│", " ").split())
+    assert "earlier error held: parent job 5 failed" in shown and "last_error" not in shown
+    listed = run_cli(app, "jobs").stdout
+    assert "(earlier) held: parent job 5" in listed
+
+    box = table(app, "outbox")
+    sent = conn.execute(f"INSERT INTO {box} (topic, state, attempts, sent_at, last_error) VALUES ('crm.lead', 'sent',"
+                        " 2, now(), 'cannot connect: Connection refused') RETURNING id").fetchone()[0]
+    page = client.get(f"/outbox/{sent}").text
+    assert re.search(r'<dt>an earlier try</dt><dd class="muted" id="last-error">cannot connect', page)
+    assert re.search(r'<dd id="tries">2 of 25 <span class="muted small">\(the route\'s\)</span>', page)
+    shown = " ".join(run_cli(app, "outbox", "show", str(sent)).stdout.replace("│", " ").split())
+    assert "max_attempts the route's (25 unless app.route(..., max_attempts=N) says otherwise)" in shown
+    assert "earlier error cannot connect: Connection refused" in shown and "last_error" not in shown
+
+
 def test_overview_refreshes_itself(app):
     with TestClient(create_app(app, refresh_seconds=7), base_url=LOCAL) as c:
         assert '<meta http-equiv="refresh" content="7">' in c.get("/").text

@@ -185,6 +185,13 @@ def run_or_fail(fn: Callable[[], Any]) -> Any:
         raise Fail(f"database error: {rules.first_line(exc)}") from None
 
 
+def error_cell(state: str, error: str | None) -> str:
+    """A list's last-error cell: a done job's (or sent message's) error is from an earlier try, and says so."""
+    if not error:
+        return ""
+    return f"(earlier) {error[:70]}" if state in ("done", "sent") else error[:80]
+
+
 def parse_ids(values: tuple[str, ...], noun: str = "job") -> list[int]:
     """Ids given on the command line, as integers."""
     ids = []

@@ -15,7 +15,8 @@ from ..app import App
 from ..admin import CANCELLABLE, RETRYABLE
 from ..types import FINISHED_STATES, JOB_STATES
 from .common import (Duration, Fail, Table, app_from_context, bulk, bulk_options, console, emit_json, job_filters,
-                     needs_extra, parse_ids, print_table, report_changes, run_or_fail, setup_logging, show_time)
+                     error_cell, needs_extra, parse_ids, print_table, report_changes, run_or_fail, setup_logging,
+                     show_time)
 
 
 @click.command()
@@ -204,7 +205,7 @@ def jobs(ctx: click.Context, state, kind, queue, since, until, before_id, limit,
     for r in rows:
         at = r["finished_at"] if r["state"] in FINISHED_STATES else r["run_after"]
         table.add_row(str(r["id"]), r["queue"], r["kind"], r["state"], f"{r['attempts']}/{r['max_attempts']}",
-                      show_time(at), (r["last_error"] or "")[:80])
+                      show_time(at), error_cell(r["state"], r["last_error"]))
     if rows:
         print_table(table)
     else:
@@ -230,6 +231,8 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     for key in ("kind", "queue", "state", "priority", "attempts", "max_attempts", "run_after", "unique_key",
                 "replay_of", "worker", "lease_until", "last_error", "created_at", "finished_at"):
         value = job[key]
+        if key == "last_error" and job["state"] == "done" and value:
+            key = "earlier error"  # from before the try that succeeded: not why it stands where it is
         table.add_row(key, show_time(value) if isinstance(value, dt.datetime)
                       else ("-" if value is None else str(value)))
     table.add_row("payload", json.dumps(job["payload"], indent=2))

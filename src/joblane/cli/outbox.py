@@ -9,8 +9,9 @@ import json
 import click
 
 from .. import admin
-from .common import (Duration, Fail, Table, app_from_context, console, emit_json, needs_extra, parse_ids,
-                     print_table, report_changes, run_or_fail, setup_logging, show_time, working)
+from ..outbox.routes import DEFAULT_MAX_ATTEMPTS
+from .common import (Duration, Fail, Table, app_from_context, console, emit_json, error_cell, needs_extra,
+                     parse_ids, print_table, report_changes, run_or_fail, setup_logging, show_time, working)
 
 
 @click.command()
@@ -90,7 +91,7 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
     for r in rows:
         table.add_row(str(r["id"]), r["topic"], r["key"] or "-", r["idempotency_key"] or f"outbox:{r['id']}",
                       r["state"], str(r["attempts"]), show_time(r["run_after"]) if r["state"] == "pending" else "-",
-                      (r["last_error"] or "")[:80])
+                      error_cell(r["state"], r["last_error"]))
     if rows:
         print_table(table)
     else:
@@ -114,6 +115,11 @@ def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
         return
     table = Table(show_header=False, title=f"outbox message {message_id}")
     for key, value in row.items():
+        if key == "max_attempts" and value is None:
+            # the row's own budget is set by `outbox retry`; until then its route's applies, as the relay logs it
+            value = f"the route's ({DEFAULT_MAX_ATTEMPTS} unless app.route(..., max_attempts=N) says otherwise)"
+        elif key == "last_error" and row["state"] == "sent" and value:
+            key = "earlier error"  # from a try before the one that was sent
         if key in ("payload", "headers"):
             value = json.dumps(value, indent=2)
         elif isinstance(value, dt.datetime):

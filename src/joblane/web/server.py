@@ -505,7 +505,12 @@ class Dashboard:
         message = await self.db(self.data.outbox_message, message_id)
         if message is None:
             raise HTTPException(404, f"no outbox message {message_id} in schema {self.app.schema}")
-        return self.render(request, "outbox_message.html", m=message)
+        from ..outbox.routes import DEFAULT_MAX_ATTEMPTS, route_for
+
+        # a row's own budget is set by `outbox retry`; until then its route's applies, as the relay logs it
+        route = route_for(list(self.app.routes), message["topic"])
+        return self.render(request, "outbox_message.html", m=message,
+                           route_max_attempts=route.max_attempts if route else DEFAULT_MAX_ATTEMPTS)
 
     async def bulk_page(self, request: Request) -> Response:
         """What a bulk action would do to every job a search matches: the count, before confirming."""
