@@ -233,3 +233,22 @@ def test_jobs_in_a_finished_state_show_when_they_finished(app, conn):
     finished = show_time(dt.datetime(2031, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc))
     assert "finished" in result.stdout and finished in result.stdout and "2030-01-01" not in result.stdout
     assert "run after" not in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["jobs", "--kind", "A", "--kind", "B"],
+    ["jobs", "--state", "failed", "--state", "done"],
+    ["retry", "--queue", "a", "--queue", "b", "--yes"],
+    ["cancel", "--kind", "A", "--kind", "B", "--dry-run"],
+    ["held", "--kind", "A", "--kind", "B"],
+    ["attempts", "--kind", "A", "--kind", "B"],
+    ["dataset", "export", "--queue", "a", "--queue", "b"],
+    ["outbox", "--topic", "crm.", "--topic", "billing."],
+])
+def test_a_filter_given_twice_is_refused_not_silently_narrowed_to_the_last(app, conn, args):
+    kept = app.enqueue(conn, "A", {})
+    result = CliRunner().invoke(main, args, env={"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema})
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "given 2 times" in line and "it takes one value" in line, line
+    assert app.get_job(kept)["state"] == "pending"

@@ -328,6 +328,27 @@ def bulk(app: App, action: str, run: Callable[[], Any], *, ids: list[int] | None
         return run_or_fail(run)
 
 
+class Once(click.Option):
+    """An option given at most once: a repeat is refused (click alone would keep the last value, silently)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, multiple=True, **kwargs)
+
+    def process_value(self, ctx: click.Context, value: Any) -> Any:
+        values = super().process_value(ctx, value)
+        if values and len(values) > 1:
+            raise click.BadParameter(f"given {len(values)} times ({', '.join(map(repr, values))}): it takes one "
+                                     "value; run once per value", ctx, self)
+        return values[0] if values else None
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.multiple = False  # the help of a single-valued option, not "(repeatable)"-looking
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.multiple = True
+
+
 def job_filters(states: tuple[str, ...] | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The options that choose jobs like `joblane jobs` does: --kind, --queue, --state (of ``states``, when
     the command acts on more than one), --since and --until on when a job was created (rules.parse_when)."""
@@ -338,8 +359,8 @@ def job_filters(states: tuple[str, ...] | None) -> Callable[[Callable[..., Any]]
         if states:
             fn = click.option("--state", "states", multiple=True, type=click.Choice(states),
                               help=f"Jobs in this state (repeatable): {', '.join(states)}.")(fn)
-        fn = click.option("--queue", help="Jobs in this queue.")(fn)
-        fn = click.option("--kind", help="Jobs of this kind.")(fn)
+        fn = click.option("--queue", cls=Once, help="Jobs in this queue.")(fn)
+        fn = click.option("--kind", cls=Once, help="Jobs of this kind.")(fn)
         return fn
     return add
 

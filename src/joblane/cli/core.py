@@ -14,9 +14,9 @@ from .. import admin, rules
 from ..app import App
 from ..admin import CANCELLABLE, RETRYABLE
 from ..types import FINISHED_STATES, JOB_STATES
-from .common import (Duration, Fail, Table, app_from_context, bulk, bulk_options, console, emit_json, job_filters,
-                     error_cell, needs_extra, parse_ids, print_table, report_changes, run_or_fail, setup_logging,
-                     show_time)
+from .common import (Duration, Fail, Once, Table, app_from_context, bulk, bulk_options, console, emit_json,
+                     error_cell, job_filters, needs_extra, parse_ids, print_table, report_changes, run_or_fail,
+                     setup_logging, show_time)
 
 
 @click.command()
@@ -178,9 +178,9 @@ def _health(app: App, as_json: bool) -> None:
 
 
 @click.group(invoke_without_command=True)
-@click.option("--state", type=click.Choice(JOB_STATES))
-@click.option("--kind")
-@click.option("--queue")
+@click.option("--state", cls=Once, type=click.Choice(JOB_STATES))
+@click.option("--kind", cls=Once)
+@click.option("--queue", cls=Once)
 @click.option("--since", help="Created at most this long ago (24h, 30m, 7d) or since an ISO time (UTC unless it has an offset).")
 @click.option("--until", help="... and created before this (same forms).")
 @click.option("--before", "before_id", type=int, help="Only ids below this (next page).")

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from .common import Fail, Table, app_from_context, console, emit_json, print_table, run_or_fail, show_time
+from .common import Fail, Once, Table, app_from_context, console, emit_json, print_table, run_or_fail, show_time
 
 
 def _progress(b: dict) -> str:
@@ -47,7 +47,7 @@ def batches(ctx: click.Context, unfinished: bool, before_id: int | None, limit: 
 
 @batches.command("show")
 @click.argument("batch_id", type=int)
-@click.option("--state", help="Only its jobs in this state.")
+@click.option("--state", cls=Once, help="Only its jobs in this state.")
 @click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000),
               help="Most jobs listed.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -88,7 +88,7 @@ def batches_show(ctx: click.Context, batch_id: int, state: str | None, limit: in
 
 
 @click.command()
-@click.option("--queue", help="Only this queue.")
+@click.option("--queue", cls=Once, help="Only this queue.")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context

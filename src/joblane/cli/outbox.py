@@ -10,7 +10,7 @@ import click
 
 from .. import admin
 from ..outbox.routes import DEFAULT_MAX_ATTEMPTS
-from .common import (Duration, Fail, Table, app_from_context, console, emit_json, error_cell, needs_extra,
+from .common import (Duration, Fail, Once, Table, app_from_context, console, emit_json, error_cell, needs_extra,
                      parse_ids, print_table, report_changes, run_or_fail, setup_logging, show_time, working)
 
 
@@ -70,8 +70,8 @@ def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, 
 
 
 @click.group(invoke_without_command=True)
-@click.option("--state", type=click.Choice(admin.OUTBOX_STATES))
-@click.option("--topic", help="Only topics starting with this.")
+@click.option("--state", cls=Once, type=click.Choice(admin.OUTBOX_STATES))
+@click.option("--topic", cls=Once, help="Only topics starting with this.")
 @click.option("--before", "before_id", type=int, help="Only ids below this (next page).")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -130,7 +130,7 @@ def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
 
 @outbox.command("retry")
 @click.argument("message_ids", nargs=-1)
-@click.option("--topic", help="Retry every failed message whose topic starts with this.")
+@click.option("--topic", cls=Once, help="Retry every failed message whose topic starts with this.")
 @click.option("--all-failed", is_flag=True, help="Retry every failed message.")
 @click.option("--attempts", default=10, show_default=True, type=click.IntRange(1, 100_000),
               help="Tries each message gets before it fails again.")
