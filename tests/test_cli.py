@@ -252,3 +252,24 @@ def test_a_filter_given_twice_is_refused_not_silently_narrowed_to_the_last(app, 
     [line] = [line for line in result.stderr.splitlines() if line.strip()]
     assert "given 2 times" in line and "it takes one value" in line, line
     assert app.get_job(kept)["state"] == "pending"
+
+
+def test_more_is_offered_only_when_older_rows_exist(app, conn):
+    """A page exactly full is not a sign of more: `more: --before ID` only when a row older than the page exists."""
+    env = {"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema, "COLUMNS": "200"}
+    ids = [app.enqueue(conn, "A", {}) for _ in range(4)]
+    for i in ids:
+        app.publish(conn, "crm.lead", {"i": i})
+
+    def more(*args: str) -> str | None:
+        result = CliRunner().invoke(main, list(args), env=env)
+        assert result.exit_code == 0, result.output
+        lines = [line for line in result.stdout.splitlines() if line.startswith("more: --before")]
+        return lines[0] if lines else None
+
+    assert more("jobs", "--limit", "4") is None
+    assert more("jobs", "--limit", "3") == f"more: --before {ids[1]}"
+    assert more("jobs", "--limit", "2", "--before", str(ids[2])) is None
+    assert more("outbox", "--limit", "4") is None and more("outbox", "--limit", "3").startswith("more: --before")
+    assert more("attempts", "--limit", "1") is None  # no tries yet: nothing to page
+    assert len(json.loads(CliRunner().invoke(main, ["jobs", "--limit", "3", "--json"], env=env).stdout)) == 3

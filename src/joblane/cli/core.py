@@ -192,11 +192,13 @@ def jobs(ctx: click.Context, state, kind, queue, since, until, before_id, limit,
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
-    rows = run_or_fail(lambda: app.list_jobs(state=state, kind=kind, queue=queue, before_id=before_id, limit=limit,
-                                             since=since, until=until))
+    # one row past the page says whether older ones exist (a full page alone does not)
+    rows = run_or_fail(lambda: app.list_jobs(state=state, kind=kind, queue=queue, before_id=before_id,
+                                             limit=limit if as_json else limit + 1, since=since, until=until))
     if as_json:
         emit_json(rows)
         return
+    more, rows = len(rows) > limit, rows[:limit]
     # a finished job's time is when it finished; an unfinished one's is when it may (next) run
     when = "finished" if state in FINISHED_STATES else "run after" if state else "run after / finished"
     table = Table()
@@ -210,7 +212,7 @@ def jobs(ctx: click.Context, state, kind, queue, since, until, before_id, limit,
         print_table(table)
     else:
         console.print("no jobs match")
-    if len(rows) == limit:
+    if more:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
 

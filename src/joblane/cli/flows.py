@@ -25,10 +25,13 @@ def batches(ctx: click.Context, unfinished: bool, before_id: int | None, limit: 
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
-    rows = run_or_fail(lambda: app.list_batches(before_id=before_id, limit=limit, unfinished=unfinished))
+    # one row past the page says whether older ones exist (a full page alone does not)
+    rows = run_or_fail(lambda: app.list_batches(before_id=before_id, limit=limit if as_json else limit + 1,
+                                                unfinished=unfinished))
     if as_json:
         emit_json(rows)
         return
+    more, rows = len(rows) > limit, rows[:limit]
     if not rows:
         console.print("no batches match")
         return
@@ -41,7 +44,7 @@ def batches(ctx: click.Context, unfinished: bool, before_id: int | None, limit: 
                       str(b["cancelled"]), str(b["pending"]), str(b["running"]), str(b["held"]), str(b["waiting"]),
                       str(b["callback_job_id"] or b["on_complete"] or "-"), show_time(b["created_at"]))
     print_table(table)
-    if len(rows) == limit:
+    if more:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
 

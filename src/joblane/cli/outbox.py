@@ -81,10 +81,13 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
-    rows = run_or_fail(lambda: admin.outbox_messages(app, state=state, topic=topic, before_id=before_id, limit=limit))
+    # one row past the page says whether older ones exist (a full page alone does not)
+    rows = run_or_fail(lambda: admin.outbox_messages(app, state=state, topic=topic, before_id=before_id,
+                                                     limit=limit if as_json else limit + 1))
     if as_json:
         emit_json(rows)
         return
+    more, rows = len(rows) > limit, rows[:limit]
     table = Table()
     for col in ("id", "topic", "key", "idempotency key", "state", "attempts", "next try", "last error"):
         table.add_column(col, overflow="fold")
@@ -96,7 +99,7 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
         print_table(table)
     else:
         console.print("no outbox messages match")
-    if len(rows) == limit:
+    if more:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
 

@@ -252,11 +252,14 @@ def attempts(ctx: click.Context, kind, queue, outcome, model, since, job_id, bef
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
+    # one row past the page says whether older ones exist (a full page alone does not)
     rows = run_or_fail(lambda: app.list_attempts(kind=kind, queue=queue, outcome=outcome, model=model, since=since,
-                                                 job_id=job_id, before_id=before_id, limit=limit))
+                                                 job_id=job_id, before_id=before_id,
+                                                 limit=limit if as_json else limit + 1))
     if as_json:
         emit_json(rows)
         return
+    more, rows = len(rows) > limit, rows[:limit]
     if not rows:
         console.print("no attempts match")
         return
@@ -271,7 +274,7 @@ def attempts(ctx: click.Context, kind, queue, outcome, model, since, job_id, bef
                       _text(r["job_state"]), show_time(r["finished_at"]), ms, _text(r["meta"], 80),
                       _text(r["error"], 60))
     print_table(table)
-    if len(rows) == limit:
+    if more:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
 
