@@ -124,17 +124,31 @@ def status(ctx: click.Context, health: bool, as_json: bool) -> None:
         q[r["state"]] = r["jobs"]
         if r["oldest_ready_seconds"] is not None:
             q["oldest"] = r["oldest_ready_seconds"]
+    # pending jobs a spend cap holds back are pending, but no worker will take them before the window rolls
+    capped = [b for b in run_or_fail(lambda: admin.budget_status(app)) if b["at_cap"] and b["waiting"]]
+    held_back: dict[str, int] = {}
+    for b in capped:
+        held_back[b["queue"]] = held_back.get(b["queue"], 0) + b["waiting"]
     table = Table(title=f"joblane status (schema {app.schema})")
     table.add_column("queue")
     for s in JOB_STATES:
         table.add_column(s, justify="right")
     table.add_column("oldest ready", justify="right")
     for name, q in sorted(per_queue.items()):
-        table.add_row(name, *[f"{q[s]:,}" for s in JOB_STATES], rules.format_age(q["oldest"]))
+        cells = [f"{q[s]:,}" for s in JOB_STATES]
+        if held_back.get(name):
+            cells[JOB_STATES.index("pending")] += f" ({held_back[name]:,} at a cap)"
+        table.add_row(name, *cells, rules.format_age(q["oldest"]))
     if not per_queue:
         console.print(f"no jobs in schema {app.schema}")
     else:
         print_table(table)
+    for b in capped:
+        who = f"{b['key_field']}={b['key']}" if b["key_field"] else f"queue {b['queue']}"
+        console.print(f"[yellow]budget {escape(b['budget'])}:[/yellow] {escape(who)} has spent "
+                      f"{b['spent'] + b['in_flight']:g} of {b['cap']:g}; {rules.plural(b['waiting'], 'pending job')} "
+                      f"of queue {escape(b['queue'])} wait until {show_time(b['window_end'])} or until the cap is "
+                      f"raised (joblane budgets set {escape(b['budget'])} --cap N)", highlight=False)
     _unrouted(app)
 
 
