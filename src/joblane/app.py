@@ -366,8 +366,9 @@ class App:
         return flows.list_batches(self, conn, before_id=before_id, limit=limit, unfinished=unfinished)
 
     def batch_jobs(self, batch: Any, conn: Any = None, *, state: str | None = None,
-                   limit: int = 200) -> list[dict[str, Any]]:
-        return flows.batch_jobs(self, batch, conn, state=state, limit=limit)
+                   limit: int = 200, after_id: int | None = None) -> list[dict[str, Any]]:
+        """The batch's jobs by id (state ``state``, or any), at most ``limit``, above ``after_id`` for the next page."""
+        return flows.batch_jobs(self, batch, conn, state=state, limit=limit, after_id=after_id)
 
     def job_flow(self, job_id: int, conn: Any = None) -> dict[str, Any] | None:
         """What job ``job_id`` waits on: its wait key and deadline, parents left, batch, parents, children."""

@@ -475,8 +475,8 @@ class Store:
     def list_batches(self, before_id, limit, unfinished) -> Statement:
         return self._s("list_batches", before_id, limit, unfinished)
 
-    def batch_jobs(self, batch_id, state, limit) -> Statement:
-        return self._s("batch_jobs", batch_id, state, limit)
+    def batch_jobs(self, batch_id, state, limit, after_id=None) -> Statement:
+        return self._s("batch_jobs", batch_id, state, limit, after_id)
 
     def job_flow(self, job_id) -> Statement:
         return self._s("job_flow", job_id)

@@ -20,6 +20,7 @@ from ..types import JOB_STATES
 EXACT_COUNT_BYTES = 16 * 1024 * 1024
 THROUGHPUT_MINUTES = 60
 PAGE_SIZE = 50
+BATCH_PAGE = 500  # a batch page lists its jobs by id, this many at a time
 # The jobs search reads the primary key newest first in slices of this many ids,
 # at most SEARCH_SLICES slices a page: a search no index serves stays bounded.
 SEARCH_SLICE = 20_000
@@ -308,11 +309,15 @@ class Data:
         with self.connection() as conn:
             return self.app.list_batches(conn, before_id=before_id, limit=limit)
 
-    def batch(self, batch_id: int, *, state: str | None = None, limit: int = 500) -> dict[str, Any] | None:
+    def batch(self, batch_id: int, *, state: str | None = None, limit: int = 500,
+              after_id: int | None = None) -> dict[str, Any] | None:
+        """The batch's progress and a page of its jobs by id (``limit``, above ``after_id``); ``more`` when the
+        page does not hold the last of them."""
         with self.connection() as conn:
             found = self.app.batch_progress(batch_id, conn)
             if found is not None:
-                found["jobs"] = self.app.batch_jobs(batch_id, conn, state=state, limit=limit)
+                jobs = self.app.batch_jobs(batch_id, conn, state=state, limit=limit + 1, after_id=after_id)
+                found["jobs"], found["more"] = jobs[:limit], len(jobs) > limit
         return found
 
     # -- outbox -------------------------------------------------------------

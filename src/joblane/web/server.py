@@ -29,7 +29,7 @@ from ..rules import first_line, format_age, hold_reason, parse_when
 from ..types import JOB_STATES
 from . import actions
 from .charts import throughput_chart
-from .data import HISTORY_WINDOWS, PAGE_SIZE, Data
+from .data import BATCH_PAGE, HISTORY_WINDOWS, PAGE_SIZE, Data
 from .metrics import registry_for, render
 from .security import AUTH_COOKIE, CSRF_COOKIE, CSRF_FIELD, Guard, safe_next
 
@@ -461,10 +461,18 @@ class Dashboard:
         state = request.query_params.get("state") or None
         if state is not None and state not in JOB_STATES:
             raise HTTPException(400, f"unknown state {state!r}: use one of {', '.join(JOB_STATES)}")
-        found = await self.db(lambda: self.data.batch(batch_id, state=state))
+        after = _int_param(request, "after")
+        found = await self.db(lambda: self.data.batch(batch_id, state=state, limit=BATCH_PAGE, after_id=after))
         if found is None:
             raise HTTPException(404, f"no batch {batch_id} in schema {self.app.schema}")
-        return self.render(request, "batch.html", batch=found, state_filter=state, states=JOB_STATES)
+        keep = {"state": state} if state else {}
+        next_url = (f"/batches/{batch_id}?" + urlencode({**keep, "after": found["jobs"][-1]["id"]})
+                    if found["more"] else None)
+        first_url = f"/batches/{batch_id}" + ("?" + urlencode(keep) if keep else "") if after else None
+        # how many jobs the filter matches, from the batch's own counts
+        matching = found[state] if state else found["total"]
+        return self.render(request, "batch.html", batch=found, state_filter=state, states=JOB_STATES,
+                           next_url=next_url, first_url=first_url, matching=matching, batch_page=BATCH_PAGE)
 
     async def outbox(self, request: Request) -> Response:
         before = _int_param(request, "before")
