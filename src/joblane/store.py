@@ -777,6 +777,9 @@ class Store:
     def history_slices_since(self, since) -> Statement:
         return self._s("history_slices_since", since)
 
+    def history_first_attempt(self, since) -> Statement:
+        return self._s("history_first_attempt", since)
+
     def history_counts(self, slice_starts, live_from, live_to) -> Statement:
         return self._s("history_counts", slice_starts, live_from, live_to)
 

@@ -279,6 +279,25 @@ async def test_history_rolls_up_nothing_before_the_oldest_attempt(app, conn):
         "SELECT date_trunc('hour', now() - interval '30 hours', 'UTC')").fetchone()[0]
 
 
+async def test_history_does_not_call_the_empty_time_before_the_first_attempt_read_from_the_attempts(app, conn, client):
+    """A week's window over a schema whose first attempt finished 5 hours ago: the page says when the history
+    begins, and reads "the last ..." only for the minutes after the last slice, not the empty days before."""
+    def source() -> str:
+        html = client.get("/history?window=7d").text
+        return re.sub(r"<[^>]+>", "", re.search(r'id="history-source">(.*?)</p>', html, re.S).group(1))
+
+    assert "no attempt finished and nothing was rolled up" in source()
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=2, hours_ago=5)
+    before = source()  # nothing rolled up: the five hours since the first attempt came from the attempts
+    assert re.search(r"0 slices rolled up by the workers' history service, the last (4h 59m|5h 0m|5h)\b", before), before
+    assert "The history begins" in before and not re.search(r"\d+d ", before.split("The history begins")[0])
+    await roll_up(app)
+    after = source()
+    last = re.search(r"the last ((\d+)m )?(\d+)s read from the attempts", after)
+    assert last and int(last.group(2) or 0) < 60, after  # only the minutes since the last slice
+    assert "earlier that no slice covers" not in after and "The history begins" in after, after
+
+
 async def test_history_counts_outcomes_and_latency_per_window_rolled_up_or_not(app, conn, client):
     add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=5, hours_ago=0.25)
     add_attempts(conn, app, queue="leads", kind="enrich", outcome="failed", n=1, hours_ago=0.25)

@@ -148,6 +148,10 @@ SELECT (SELECT count(*) FROM slices);
 -- The slices rolled up that start at $1 or later: start and length in seconds.
 SELECT start, seconds FROM {schema}.history_slices WHERE start >= $1::timestamptz ORDER BY start;
 
+-- name: history_first_attempt
+-- When the first attempt finished at $1 or later finished (NULL: none did): one probe of attempts_finished.
+SELECT min(finished_at) FROM {schema}.attempts WHERE finished_at >= $1::timestamptz;
+
 -- name: history_counts
 -- Attempts per queue, kind and outcome: the roll-ups of the slices starting at $1 (an array), plus the attempts finished in the ranges [$2[i], $3[i]) that no slice covers.
 SELECT queue, kind, outcome, sum(attempts)::bigint AS attempts

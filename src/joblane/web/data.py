@@ -299,9 +299,17 @@ class Data:
             latency.append(entry)
         rows = [by_kind[k] for k in sorted(by_kind)]
         totals = {k: sum(r[k] for r in rows) for k in ("done", "failed", "retry", "other", "attempts")}
-        unrolled = sum((min(t, now) - f).total_seconds() for f, t in zip(gaps_from, gaps_to))
+        # What the page read from the attempts: the minutes since the last slice ("the last ..."), and any
+        # other stretch no slice covers, counted from when the history begins (the first slice, or the first
+        # attempt finished in the window): the empty time before it is not a span read from anywhere.
+        [(first_attempt,)] = self._rows(self.app.store.history_first_attempt(since))
+        begins = min([t for t in (starts[0] if starts else None, first_attempt) if t is not None], default=None)
+        trailing = max(0.0, (now - max(gaps_from[-1], begins or now)).total_seconds())
+        earlier = sum(max(0.0, (t - max(f, begins)).total_seconds())
+                      for f, t in zip(gaps_from[:-1], gaps_to[:-1])) if begins else 0.0
         return {"window": window, "since": since, "rows": rows, "totals": totals, "latency": latency,
-                "slices": len(starts), "unrolled_seconds": max(0.0, unrolled)}
+                "slices": len(starts), "unrolled_seconds": trailing, "gap_seconds": earlier,
+                "begins": begins if begins is not None and begins > since else None, "empty": begins is None}
 
     # -- batches ------------------------------------------------------------
 
