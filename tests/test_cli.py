@@ -273,3 +273,20 @@ def test_more_is_offered_only_when_older_rows_exist(app, conn):
     assert more("outbox", "--limit", "4") is None and more("outbox", "--limit", "3").startswith("more: --before")
     assert more("attempts", "--limit", "1") is None  # no tries yet: nothing to page
     assert len(json.loads(CliRunner().invoke(main, ["jobs", "--limit", "3", "--json"], env=env).stdout)) == 3
+
+
+def test_retry_grants_one_more_try_to_a_spent_budget_and_attempts_n_grants_n(app, conn):
+    env = {"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema}
+    spent = [app.enqueue(conn, "report", {"n": i}, max_attempts=3) for i in range(3)]
+    conn.execute(f"UPDATE {table(app, 'jobs')} SET state = 'failed', attempts = 3, finished_at = now(),"
+                 " last_error = 'boom' WHERE id = ANY(%s)", (spent,))
+    one, three, bad = spent
+    assert CliRunner().invoke(main, ["retry", str(one)], env=env).exit_code == 0
+    result = CliRunner().invoke(main, ["retry", "--attempts", "3", str(three)], env=env)
+    assert result.exit_code == 0, result.output
+    budgets = {i: (s, a, m) for i, s, a, m in conn.execute(
+        f"SELECT id, state, attempts, max_attempts FROM {table(app, 'jobs')} WHERE id = ANY(%s)", (spent,))}
+    assert budgets[one] == ("pending", 3, 4) and budgets[three] == ("pending", 3, 6)
+    refused = CliRunner().invoke(main, ["retry", "--attempts", "0", str(bad)], env=env)
+    assert refused.exit_code == 2 and "--attempts" in refused.stderr
+    assert app.retry(ids=[bad], attempts=2) == [bad] and app.get_job(bad)["max_attempts"] == 5

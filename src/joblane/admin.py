@@ -122,14 +122,17 @@ def count_matching(app: Any, conn: Any = None, *, action: str, ids: Sequence[int
 
 def retry(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None, kind: str | None = None,
           queue: str | None = None, all_failed: bool = False, state: str | Sequence[str] | None = None,
-          since: Any = None, until: Any = None) -> list[int]:
+          since: Any = None, until: Any = None, attempts: int = 1) -> list[int]:
     """Failed (or cancelled) jobs back to pending: by id, or every job matching the filters (created in
-    [since, until); ``state`` failed by default, or cancelled)."""
+    [since, until); ``state`` failed by default, or cancelled). Each gets ``attempts`` more tries when its
+    budget is spent: a job failed at 3/3 is pending at 3/4 (3/5 with attempts=2)."""
     if ids is None and not _has_filter(kind, queue, state, since, until) and not all_failed:
         raise JoblaneError("retry needs job ids, a filter (kind, queue, state, since, until) or all_failed=True")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100_000:
+        raise JoblaneError(f"attempts must be an integer from 1 to 100000, got {attempts!r}")
     states = _states("retry", ids, state)
     rows = _rows(app, conn, app.store.retry_jobs(list(ids) if ids is not None else None, kind, queue, states,
-                                                 parse_when(since, "since"), parse_when(until, "until")))
+                                                 parse_when(since, "since"), parse_when(until, "until"), attempts))
     return sorted(r[0] for r in rows)
 
 

@@ -526,15 +526,17 @@ class App:
         state: str | Sequence[str] | None = None,
         since: Any = None,
         until: Any = None,
+        attempts: int = 1,
     ) -> list[int]:
         """Put failed (or, by id, cancelled) jobs back to pending; returns the ids retried.
 
         ``all_failed=True`` with no ids or filter retries every failed job. The
         filters match every job, not a page: ``state`` (failed by default, or
         cancelled), ``kind``, ``queue``, and ``since``/``until`` on when it was created.
+        A job whose budget is spent gets ``attempts`` more tries (one by default: 3/3 becomes 3/4).
         """
         return admin.retry(self, conn, ids=ids, kind=kind, queue=queue, all_failed=all_failed, state=state,
-                           since=since, until=until)
+                           since=since, until=until, attempts=attempts)
 
     def cancel(self, conn: Any = None, *, ids: Sequence[int] | None = None, reason: str | None = None,
                actor: str | None = None, kind: str | None = None, queue: str | None = None,

@@ -510,8 +510,8 @@ class Store:
     def job_attempts(self, job_id) -> Statement:
         return self._s("job_attempts", job_id)
 
-    def retry_jobs(self, ids, kind, queue, states, created_from=None, created_before=None) -> Statement:
-        return self._s("retry_jobs", ids, kind, queue, states, created_from, created_before)
+    def retry_jobs(self, ids, kind, queue, states, created_from=None, created_before=None, more_tries=1) -> Statement:
+        return self._s("retry_jobs", ids, kind, queue, states, created_from, created_before, more_tries)
 
     def cancel_jobs(self, ids, reason, actor, states=None, kind=None, queue=None, created_from=None,
                     created_before=None) -> Statement:

@@ -302,23 +302,27 @@ def _ids_or_filter(job_ids: tuple[str, ...], filters: dict[str, Any], flag: bool
 @click.argument("job_ids", nargs=-1)
 @job_filters(RETRYABLE)
 @click.option("--all-failed", is_flag=True, help="Retry every failed job.")
+@click.option("--attempts", "more_tries", default=1, show_default=True, type=click.IntRange(1, 100_000),
+              help="Tries granted to a job whose budget is spent (a job failed at 3/3 gets 3/4 by default).")
 @bulk_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def retry(ctx: click.Context, job_ids, kind, queue, states, since, until, all_failed, yes, dry_run,
+def retry(ctx: click.Context, job_ids, kind, queue, states, since, until, all_failed, more_tries, yes, dry_run,
           as_json) -> None:
     """Put failed (or cancelled) jobs back to pending: by id, or every job matching the filters.
 
-    Without --state the filters match failed jobs. More than a hundred jobs are
-    counted and asked about first (--yes to go ahead, --dry-run to look).
+    A job that failed because its budget was spent gets one more try (3/3
+    becomes 3/4; --attempts N grants N). Without --state the filters match
+    failed jobs. More than a hundred jobs are counted and asked about first
+    (--yes to go ahead, --dry-run to look).
 
     Example: joblane retry --kind enrich_lead --since 2h
     """
     filters = {"kind": kind, "queue": queue, "state": list(states) or None, "since": since, "until": until}
     ids = _ids_or_filter(job_ids, filters, all_failed, "--kind, --queue, --state, --since, --until or --all-failed")
     app = app_from_context(ctx)
-    done = bulk(app, "retry", lambda: app.retry(ids=ids, all_failed=all_failed, **filters), ids=ids,
-                filters=filters, yes=yes, dry_run=dry_run, as_json=as_json)
+    done = bulk(app, "retry", lambda: app.retry(ids=ids, all_failed=all_failed, attempts=more_tries, **filters),
+                ids=ids, filters=filters, yes=yes, dry_run=dry_run, as_json=as_json)
     if done is not None:
         report_changes("retried", "job", done, _skipped(app, ids, done), as_json)
 
