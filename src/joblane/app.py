@@ -101,7 +101,8 @@ class App:
     def dsn(self) -> str:
         dsn = self._dsn or os.environ.get("DATABASE_URL")
         if not dsn:
-            raise JoblaneError("no database: set DATABASE_URL or pass App(dsn=...)")
+            raise JoblaneError("no database: set DATABASE_URL, or pass --database-url URL to joblane, "
+                               "or App(dsn=...) in code")
         return normalize_dsn(dsn)
 
     @dsn.setter
