@@ -786,6 +786,12 @@ class Store:
     def history_latency_buckets(self, slice_starts, live_from, live_to) -> Statement:
         return self._s("history_latency_buckets", slice_starts, live_from, live_to)
 
+    def history_series(self, slice_starts, live_from, live_to, bucket_seconds) -> Statement:
+        return self._s("history_series", slice_starts, live_from, live_to, bucket_seconds)
+
+    def history_latency_series(self, slice_starts, live_from, live_to, bucket_seconds) -> Statement:
+        return self._s("history_latency_series", slice_starts, live_from, live_to, bucket_seconds)
+
     def dashboard_outbox_retrying(self, topic, limit) -> Statement:
         return self._s("dashboard_outbox_retrying", topic, limit)
 

@@ -298,6 +298,47 @@ async def test_history_does_not_call_the_empty_time_before_the_first_attempt_rea
     assert "earlier that no slice covers" not in after and "The history begins" in after, after
 
 
+async def test_history_charts_done_failed_and_latency_per_bucket_queue_and_kind(app, conn, client):
+    """The history page draws, per hour (per five minutes for 1h), the attempts done and failed for every queue,
+    per queue and per kind, and enqueue-to-start p50/p95 per queue; the same bars from the attempts and from the
+    roll-ups."""
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=5, hours_ago=0.25)
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="failed", n=1, hours_ago=0.25)
+    add_attempts(conn, app, queue="mail", kind="send", outcome="done", n=3, hours_ago=3, start_ms=30_000)
+    quarter = conn.execute("SELECT now() - interval '15 minutes'").fetchone()[0].astimezone(dt.timezone.utc)
+    three = conn.execute("SELECT now() - interval '3 hours'").fetchone()[0].astimezone(dt.timezone.utc)
+
+    def svg(html: str, start: str) -> str:
+        at = html.index(start)
+        return html[at:html.index("</svg>", at)]
+
+    def check() -> None:
+        html = client.get("/history?window=24h").text
+        every = svg(html, '<svg class="chart history-chart" id="history-chart"')
+        titles = re.findall(r"<title>(.*?)</title>", every)
+        assert len(titles) == 24, len(titles)  # one bar per hour of the window
+        hour = quarter.strftime("%a %H:00")
+        assert f"the hour from {hour} UTC: 5 done, 1 failed" in titles
+        assert f"the hour from {three.strftime('%a %H:00')} UTC: 3 done, 0 failed" in titles
+        assert sum(1 for t in titles if not t.endswith(": 0 done, 0 failed")) == 2
+        assert every.count('class="fail"') == 1
+        leads = svg(html, '<svg class="chart history-chart" data-queue="leads"')
+        assert f"the hour from {hour} UTC: 5 done, 1 failed" in leads and "3 done" not in leads
+        send = svg(html, '<svg class="chart history-chart" data-queue="mail" data-kind="send"')
+        assert "3 done, 0 failed" in send
+        waits = svg(html, '<svg class="chart latency-chart" data-queue="mail"')
+        # 3 first tries started 30 s after enqueue: bucket up to 32.8 s, as the table says
+        assert re.search(r"<title>[^<]*: p50 32\.8 s over 3 first tries</title>", waits), waits
+        five = client.get("/history?window=1h").text
+        bars = re.findall(r"<title>(.*?)</title>", svg(five, 'id="history-chart"'))
+        assert len(bars) == 12 and any(t.endswith(": 5 done, 1 failed") for t in bars), bars
+        assert all(t.startswith("the 5 min from ") for t in bars)
+
+    check()  # read from the attempts
+    await roll_up(app)
+    check()  # from the roll-ups
+
+
 async def test_history_counts_outcomes_and_latency_per_window_rolled_up_or_not(app, conn, client):
     add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=5, hours_ago=0.25)
     add_attempts(conn, app, queue="leads", kind="enrich", outcome="failed", n=1, hours_ago=0.25)

@@ -27,6 +27,7 @@ SEARCH_SLICE = 20_000
 IN_FLIGHT_STATES = {"pending", "running", "held", "failed"}  # each has its partial index
 SEARCH_SLICES = 10
 HISTORY_WINDOWS = {"1h": 1, "24h": 24, "7d": 7 * 24}  # hours
+HISTORY_KINDS = 12  # the history page charts this many kinds, the busiest
 
 
 class Data:
@@ -309,7 +310,42 @@ class Data:
                       for f, t in zip(gaps_from[:-1], gaps_to[:-1])) if begins else 0.0
         return {"window": window, "since": since, "rows": rows, "totals": totals, "latency": latency,
                 "slices": len(starts), "unrolled_seconds": trailing, "gap_seconds": earlier,
-                "begins": begins if begins is not None and begins > since else None, "empty": begins is None}
+                "begins": begins if begins is not None and begins > since else None, "empty": begins is None,
+                **self._history_series(since, now, hours, starts, gaps_from, gaps_to)}
+
+    def _history_series(self, since: dt.datetime, now: dt.datetime, hours: int, starts: list, gaps_from: list,
+                        gaps_to: list) -> dict[str, Any]:
+        """The history over time, a bucket per five minutes (1h) or per hour: done and failed for all queues,
+        per queue and per kind (the most active HISTORY_KINDS kinds), and enqueue-to-start p50/p95 per queue."""
+        step = 300 if hours == 1 else 3600
+        n = int((now - since).total_seconds() // step) + 1
+        times = [since + dt.timedelta(seconds=step * i) for i in range(n)]
+
+        def blank() -> list[dict[str, Any]]:
+            return [{"at": t, "done": 0, "failed": 0} for t in times]
+
+        total, per_queue, per_kind = blank(), {}, {}
+        for at, queue, kind, done, failed in self._rows(self.app.store.history_series(starts, gaps_from, gaps_to,
+                                                                                       step)):
+            i = int((at - since).total_seconds() // step)
+            if not 0 <= i < n:
+                continue
+            for series in (total, per_queue.setdefault(queue, blank()), per_kind.setdefault((queue, kind), blank())):
+                series[i]["done"] += done
+                series[i]["failed"] += failed
+        busiest = sorted(per_kind, key=lambda k: -sum(b["done"] + b["failed"] for b in per_kind[k]))
+        hists: dict[str, list[dict[int, int]]] = {}
+        for at, queue, bucket, jobs in self._rows(self.app.store.history_latency_series(starts, gaps_from, gaps_to,
+                                                                                        step)):
+            i = int((at - since).total_seconds() // step)
+            if 0 <= i < n:
+                hist = hists.setdefault(queue, [{} for _ in times])[i]
+                hist[bucket] = hist.get(bucket, 0) + jobs
+        waits = {queue: [{"at": t, "jobs": sum(h.values()), "p50": percentile(h, 0.50), "p95": percentile(h, 0.95)}
+                         for t, h in zip(times, hs)] for queue, hs in sorted(hists.items())}
+        return {"step": step, "series": total, "series_by_queue": dict(sorted(per_queue.items())),
+                "series_by_kind": {k: per_kind[k] for k in sorted(busiest[:HISTORY_KINDS])},
+                "kinds_left_out": max(0, len(busiest) - HISTORY_KINDS), "waits_by_queue": waits}
 
     # -- batches ------------------------------------------------------------
 

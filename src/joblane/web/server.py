@@ -28,7 +28,7 @@ from ..errors import JoblaneError
 from ..rules import first_line, format_age, hold_reason, parse_when
 from ..types import JOB_STATES
 from . import actions
-from .charts import throughput_chart
+from .charts import history_chart, latency_chart, throughput_chart
 from .data import BATCH_PAGE, HISTORY_WINDOWS, PAGE_SIZE, Data
 from .metrics import registry_for, render
 from .security import AUTH_COOKIE, CSRF_COOKIE, CSRF_FIELD, Guard, safe_next
@@ -506,7 +506,14 @@ class Dashboard:
         if window not in HISTORY_WINDOWS:
             raise HTTPException(400, f"unknown window {window!r}: use one of {', '.join(HISTORY_WINDOWS)}")
         history = await self.db(self.data.history, window)
-        return self.render(request, "history.html", h=history, windows=list(HISTORY_WINDOWS))
+        step = history["step"]
+        charts = {
+            "all": history_chart(history["series"], step),
+            "queues": {q: history_chart(s, step, height=120) for q, s in history["series_by_queue"].items()},
+            "kinds": {k: history_chart(s, step, height=120) for k, s in history["series_by_kind"].items()},
+            "waits": {q: latency_chart(s, step) for q, s in history["waits_by_queue"].items()},
+        }
+        return self.render(request, "history.html", h=history, windows=list(HISTORY_WINDOWS), charts=charts)
 
     async def outbox_message(self, request: Request) -> Response:
         message_id = request.path_params["message_id"]
