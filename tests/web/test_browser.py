@@ -278,6 +278,16 @@ def test_history_shows_what_ran_per_queue_and_kind(site, page):
     assert int(row.locator("td").nth(2).inner_text().replace(",", "")) >= 1  # done
     latency = page.locator('#latency-table tr[data-queue="leads"]')
     assert re.search(r"\d+ ms|\d+\.\d s", latency.locator("td").nth(2).inner_text())
+    # the charts beside the tables: a bar per five minutes over the hour, the job's in the last one or two
+    chart = page.locator("svg#history-chart")
+    assert chart.is_visible() and chart.locator("g").count() == 12
+    titles = chart.locator("g title").all_text_contents()
+    assert any(re.search(r": [1-9]\d* done, \d+ failed$", t) for t in titles[-2:]), titles
+    assert page.locator('svg.history-chart[data-queue="leads"]:not([data-kind])').is_visible()
+    assert page.locator('svg.history-chart[data-queue="leads"][data-kind="classify"]').count() == 1
+    waits = page.locator('svg.latency-chart[data-queue="leads"]')
+    assert waits.is_visible() and waits.locator("circle.dot.p50").count() >= 1
     page.locator("#windows a", has_text="last 7d").click()
     page.wait_for_url(re.compile(r"window=7d"))
     assert page.locator('#history-table tr[data-queue="leads"]').count() >= 1
+    assert page.locator("svg#history-chart g").count() == 168  # an hour a bar over the week
