@@ -103,7 +103,7 @@ def history_chart(buckets: list[dict[str, Any]], bucket_seconds: int, *, width: 
             failed_y=round(top + plot_h - fail_h, 2), failed_h=round(fail_h, 2),
             label=f"the {span} from {_clock(b['at'], bucket_seconds)} UTC: {b['done']} done, {b['failed']} failed",
         ))
-    every = max(1, round(n / 8))  # about eight labels, whatever the range
+    every = max(1, round(n / (8 if width >= 1000 else 4)))  # a few labels, whatever the range
     ticks = [(round(left + (i + 0.5) * slot, 2), _clock(b["at"], bucket_seconds))
              for i, b in enumerate(buckets) if i % every == 0]
     gridlines = [(round(top + plot_h - plot_h * f, 2), f"{peak * f:g}") for f in (0.0, 0.5, 1.0)]

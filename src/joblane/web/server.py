@@ -509,8 +509,11 @@ class Dashboard:
         step = history["step"]
         charts = {
             "all": history_chart(history["series"], step),
-            "queues": {q: history_chart(s, step, height=120) for q, s in history["series_by_queue"].items()},
-            "kinds": {k: history_chart(s, step, height=120) for k, s in history["series_by_kind"].items()},
+            # the small ones sit two abreast: half the width, so their labels keep a readable size
+            "queues": {q: history_chart(s, step, width=600, height=130)
+                       for q, s in history["series_by_queue"].items()},
+            "kinds": {k: history_chart(s, step, width=600, height=130)
+                      for k, s in history["series_by_kind"].items()},
             "waits": {q: latency_chart(s, step) for q, s in history["waits_by_queue"].items()},
         }
         return self.render(request, "history.html", h=history, windows=list(HISTORY_WINDOWS), charts=charts)
