@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("joblane.outbox")
 
+CONNECT_TRY_SECONDS = 5.0  # one connection attempt of a starting relay (asyncpg's own default is 60 s)
 MAX_RETRY_AFTER = 86400.0  # the longest Retry-After a destination may ask for
 SENT, RETRY, FAILED, RELEASED = "sent", "retry", "failed", "released"
 
@@ -225,14 +226,16 @@ class Relay:
             options: dict = {"statement_cache_size": 0} if self.pgbouncer else {"init": self._plan_for_arguments}
             pool = await asyncpg.create_pool(self.app.dsn, min_size=1,
                                              max_size=self.concurrency + 2 + (self.vacuumer is not None),
-                                             reset=store.keep_session, **options,
+                                             reset=store.keep_session, **options, timeout=CONNECT_TRY_SECONDS,
                                              server_settings={"application_name": self.application_name})
         except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
             raise JoblaneError(f"cannot use the database: {describe(exc)}") from None
         except asyncpg.ClientConfigurationError as exc:  # a malformed URL: retrying cannot help
             raise JoblaneError(f"invalid database URL: {describe(exc)}") from None
         except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
-            raise _Unreachable(f"cannot connect to the database: {describe(exc)}") from None
+            why = (f"no answer within {CONNECT_TRY_SECONDS:g}s" if isinstance(exc, asyncio.TimeoutError)
+                   else describe(exc))
+            raise _Unreachable(f"cannot connect to the database: {why}") from None
         try:
             async with pool.acquire() as conn:
                 await check_async(conn, self.app.schema)
@@ -581,7 +584,11 @@ class Relay:
                         raise JoblaneError(f"{exc} (gave up after {self.connect_timeout:g}s): "
                                            "is DATABASE_URL right and the server up?") from None
                     delay = min(retry_delay(failures, base=0.2, cap=5.0), max(0.0, deadline - loop.time()))
-                    log.warning("%s; retrying in %.1fs", exc, delay)
+                    if failures == 1:  # the first failure says what to check at once, not when the wait ends
+                        log.error("%s: is DATABASE_URL right and the server up? Retrying for up to %gs "
+                                  "(--connect-timeout)", exc, self.connect_timeout)
+                    else:
+                        log.warning("%s; retrying in %.1fs", exc, delay)
                     await self._sleep(delay)
             log.info("relay %s: %s", self.name,
                      ", ".join(f"{r.prefix or '*'} -> {r.sink!r}{' (ordered)' if r.ordered else ''}"
