@@ -184,3 +184,12 @@ async def test_jobs_show_prints_the_stored_traceback_of_the_latest_try(app, conn
     tail = out[out.index("traceback of attempt 2; 1 earlier one in --json:"):]
     assert "Traceback (most recent call last):" in tail and "in parse_reply" in tail
     assert "ValueError: malformed JSON from the model: 'try 2'" in tail and "'try 1'" not in tail
+
+
+def test_a_text_log_record_is_one_line_whatever_its_message_holds():
+    from joblane.cli.common import TextFormatter
+
+    record = logging.LogRecord("joblane.jobs", logging.WARNING, __file__, 1, "job 7 failed: %s", ("line one\nline two",),
+                               None)
+    [line] = TextFormatter().format(record).splitlines()
+    assert line.endswith("WARNING  job 7 failed: line one\\nline two"), line

@@ -432,11 +432,13 @@ def _iso_time(when: dt.datetime) -> Any:
 
 
 class TextFormatter(logging.Formatter):
-    """``2026-12-02T09:15:03.123+01:00 INFO     message``: the terminal's columns, never wrapped."""
+    """``2026-12-02T09:15:03.123+01:00 INFO     message``: the terminal's columns, never wrapped; a message's own
+    line breaks written as ``\\n``, so one record is one line (a traceback, when there is one, follows it)."""
 
     def format(self, record: logging.LogRecord) -> str:
         when = dt.datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
-        line = f"{when} {record.levelname:<8} {record.getMessage()}"
+        message = record.getMessage().replace("\r", "\\r").replace("\n", "\\n")
+        line = f"{when} {record.levelname:<8} {message}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
