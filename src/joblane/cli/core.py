@@ -115,8 +115,13 @@ def status(ctx: click.Context, health: bool, as_json: bool) -> None:
         _health(app, as_json)
         return
     rows = run_or_fail(app.status)
+    # pending jobs a spend cap holds back are pending, but no worker will take them before the window rolls
+    capped = [b for b in run_or_fail(lambda: admin.budget_status(app)) if b["at_cap"] and b["waiting"]]
+    held_back: dict[str, int] = {}
+    for b in capped:
+        held_back[b["queue"]] = held_back.get(b["queue"], 0) + b["waiting"]
     if as_json:
-        emit_json(rows)
+        emit_json([r | {"at_cap": held_back.get(r["queue"], 0)} if r["state"] == "pending" else r for r in rows])
         return
     per_queue: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -124,11 +129,6 @@ def status(ctx: click.Context, health: bool, as_json: bool) -> None:
         q[r["state"]] = r["jobs"]
         if r["oldest_ready_seconds"] is not None:
             q["oldest"] = r["oldest_ready_seconds"]
-    # pending jobs a spend cap holds back are pending, but no worker will take them before the window rolls
-    capped = [b for b in run_or_fail(lambda: admin.budget_status(app)) if b["at_cap"] and b["waiting"]]
-    held_back: dict[str, int] = {}
-    for b in capped:
-        held_back[b["queue"]] = held_back.get(b["queue"], 0) + b["waiting"]
     table = Table(title=f"joblane status (schema {app.schema})")
     table.add_column("queue")
     for s in JOB_STATES:
