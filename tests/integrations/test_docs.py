@@ -285,7 +285,11 @@ def test_the_quick_start_runs_as_a_reader_runs_it(database, tmp_path):
 
     from ..helpers import free_port
 
+    import shutil
+
     page = DOCS / "quickstart.md"
+    if shutil.which("psql") is None:
+        pytest.skip("the quick start fixes a row with psql, which is not installed here")
     for m in EXAMPLE.finditer(page.read_text()):  # "Save this as tasks.py": the files the page shows
         (tmp_path / Path(m["path"]).name).write_text((ROOT / m["path"]).read_text())
     bin_dir = str(Path(sys.executable).parent)  # `joblane` and `python` of this environment, as after pip install
