@@ -163,6 +163,8 @@ def latency_chart(buckets: list[dict[str, Any]], bucket_seconds: int, *, width: 
              for i, b in enumerate(buckets) if i % every == 0]
     marks = [s for s in (0.001, 0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0) if s <= high]
     gridlines = [(y(s), _seconds(s)) for s in marks]
+    if y(marks[-1]) - y(high) > 12:  # the top of the scale is the slowest bucket's figure: label it too
+        gridlines.append((y(high), _seconds(high)))
     return LineChart(width=width, height=height, left=left, lines=lines, ticks=ticks, gridlines=gridlines)
 
 
