@@ -233,3 +233,60 @@ def test_jobs_in_a_finished_state_show_when_they_finished(app, conn):
     finished = show_time(dt.datetime(2031, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc))
     assert "finished" in result.stdout and finished in result.stdout and "2030-01-01" not in result.stdout
     assert "run after" not in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["jobs", "--kind", "A", "--kind", "B"],
+    ["jobs", "--state", "failed", "--state", "done"],
+    ["retry", "--queue", "a", "--queue", "b", "--yes"],
+    ["cancel", "--kind", "A", "--kind", "B", "--dry-run"],
+    ["held", "--kind", "A", "--kind", "B"],
+    ["attempts", "--kind", "A", "--kind", "B"],
+    ["dataset", "export", "--queue", "a", "--queue", "b"],
+    ["outbox", "--topic", "crm.", "--topic", "billing."],
+])
+def test_a_filter_given_twice_is_refused_not_silently_narrowed_to_the_last(app, conn, args):
+    kept = app.enqueue(conn, "A", {})
+    result = CliRunner().invoke(main, args, env={"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema})
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "given 2 times" in line and "it takes one value" in line, line
+    assert app.get_job(kept)["state"] == "pending"
+
+
+def test_more_is_offered_only_when_older_rows_exist(app, conn):
+    """A page exactly full is not a sign of more: `more: --before ID` only when a row older than the page exists."""
+    env = {"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema, "COLUMNS": "200"}
+    ids = [app.enqueue(conn, "A", {}) for _ in range(4)]
+    for i in ids:
+        app.publish(conn, "crm.lead", {"i": i})
+
+    def more(*args: str) -> str | None:
+        result = CliRunner().invoke(main, list(args), env=env)
+        assert result.exit_code == 0, result.output
+        lines = [line for line in result.stdout.splitlines() if line.startswith("more: --before")]
+        return lines[0] if lines else None
+
+    assert more("jobs", "--limit", "4") is None
+    assert more("jobs", "--limit", "3") == f"more: --before {ids[1]}"
+    assert more("jobs", "--limit", "2", "--before", str(ids[2])) is None
+    assert more("outbox", "--limit", "4") is None and more("outbox", "--limit", "3").startswith("more: --before")
+    assert more("attempts", "--limit", "1") is None  # no tries yet: nothing to page
+    assert len(json.loads(CliRunner().invoke(main, ["jobs", "--limit", "3", "--json"], env=env).stdout)) == 3
+
+
+def test_retry_grants_one_more_try_to_a_spent_budget_and_attempts_n_grants_n(app, conn):
+    env = {"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema}
+    spent = [app.enqueue(conn, "report", {"n": i}, max_attempts=3) for i in range(3)]
+    conn.execute(f"UPDATE {table(app, 'jobs')} SET state = 'failed', attempts = 3, finished_at = now(),"
+                 " last_error = 'boom' WHERE id = ANY(%s)", (spent,))
+    one, three, bad = spent
+    assert CliRunner().invoke(main, ["retry", str(one)], env=env).exit_code == 0
+    result = CliRunner().invoke(main, ["retry", "--attempts", "3", str(three)], env=env)
+    assert result.exit_code == 0, result.output
+    budgets = {i: (s, a, m) for i, s, a, m in conn.execute(
+        f"SELECT id, state, attempts, max_attempts FROM {table(app, 'jobs')} WHERE id = ANY(%s)", (spent,))}
+    assert budgets[one] == ("pending", 3, 4) and budgets[three] == ("pending", 3, 6)
+    refused = CliRunner().invoke(main, ["retry", "--attempts", "0", str(bad)], env=env)
+    assert refused.exit_code == 2 and "--attempts" in refused.stderr
+    assert app.retry(ids=[bad], attempts=2) == [bad] and app.get_job(bad)["max_attempts"] == 5

@@ -164,3 +164,34 @@ def test_export_to_a_file_shows_progress_on_a_terminal_only(app, conn, tmp_path,
     shown = CliRunner().invoke(main, ["attempts", "export", "-o", str(tmp_path / "b.csv")], env=env)
     assert shown.exit_code == 0 and "attempts written" in screen.getvalue()
     assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
+
+
+async def test_jobs_show_prints_the_stored_traceback_of_the_latest_try(app, conn):
+    import joblane
+    from joblane.testing import drain
+
+    def parse_reply(text: str) -> dict:
+        raise ValueError(f"malformed JSON from the model: {text!r}")
+
+    @app.task("classify", max_attempts=2, backoff=lambda attempt: 0.0)
+    async def classify(job: joblane.Job):
+        return parse_reply(f"try {job.attempt}")
+
+    job_id = app.enqueue(conn, "classify", {})
+    await drain(app, timeout=20)
+    result = CliRunner().invoke(main, ["jobs", "show", str(job_id)],
+                                env={"DATABASE_URL": app.dsn, "JOBLANE_SCHEMA": app.schema, "COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    tail = out[out.index("traceback of attempt 2; 1 earlier one in --json:"):]
+    assert "Traceback (most recent call last):" in tail and "in parse_reply" in tail
+    assert "ValueError: malformed JSON from the model: 'try 2'" in tail and "'try 1'" not in tail
+
+
+def test_a_text_log_record_is_one_line_whatever_its_message_holds():
+    from joblane.cli.common import TextFormatter
+
+    record = logging.LogRecord("joblane.jobs", logging.WARNING, __file__, 1, "job 7 failed: %s", ("line one\nline two",),
+                               None)
+    [line] = TextFormatter().format(record).splitlines()
+    assert line.endswith("WARNING  job 7 failed: line one\\nline two"), line

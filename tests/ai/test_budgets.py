@@ -76,6 +76,11 @@ async def test_a_key_at_its_cap_waits_with_the_reason_shown_until_the_cap_is_rai
         assert listed["acme"]["at_cap"] and listed["acme"]["waiting"] == 2 and listed["acme"]["spent"] == pytest.approx(0.3)
         assert not listed["globex"]["at_cap"] and listed["globex"]["waiting"] == 0
         assert "at cap" in run_cli(app, "budgets").stdout
+        status = " ".join(run_cli(app, "status").stdout.replace("│", " ").split())
+        assert "paid 2 (2 at a cap) 0 4" in status, status  # pending, running, done
+        [pending] = [r for r in cli_json(app, "status") if r["queue"] == "paid" and r["state"] == "pending"]
+        assert (pending["jobs"], pending["at_cap"]) == (2, 2)
+        assert "budget llm: tenant=acme has spent 0.3 of 0.3; 2 pending jobs of queue paid wait until" in status
         with dashboard(app) as web:
             assert "waiting on budget" in web.get(f"/jobs/{waiting[0]}").text
             overview = web.get("/").text

@@ -80,7 +80,8 @@ async def test_each_finished_try_is_a_record_with_its_usage_outcome_and_review_l
         import pyarrow.parquet as pq
     except ImportError:
         result = run_cli(app, "dataset", "export", "--format", "parquet", "-o", os.devnull + ".parquet")
-        assert result.exit_code == 1 and "needs the parquet extra: pip install 'joblane[parquet]'" in result.stderr
+        assert result.exit_code == 1 and "needs the parquet extra: pip install " in result.stderr
+        assert "[parquet]'" in result.stderr
     else:
         path = str(tmp_path / "tries.parquet")
         result = run_cli(app, "dataset", "export", "--kind", "classify", "--format", "parquet", "-o", path)
@@ -89,6 +90,38 @@ async def test_each_finished_try_is_a_record_with_its_usage_outcome_and_review_l
         assert [(r["job_id"], r["attempt"]) for r in table] == [(r["job_id"], r["attempt"]) for r in records]
         assert json.loads(table[0]["input"]) == {"text": "buy now"} and table[0]["cost"] == 0.004
         assert {r["label"] for r in table} == {None, "approve_edited", "reject"}
+
+
+async def test_each_try_of_an_edited_job_is_exported_with_the_input_it_ran_on(app, conn):
+    """A reviewer's edit changes the job's payload in place; the record of each try holds what that try saw."""
+    @app.task("draft", queue="ai", max_attempts=5)
+    async def draft(job: joblane.Job):
+        if not job.payload.get("approved"):
+            raise Hold("check the name", data={"draft": f"Dear {job.payload['text']}"})
+        return {"sent": job.payload["text"]}
+
+    job_id = app.enqueue(conn, "draft", {"text": "prestige?", "lang": "en"})
+    await drain(app, timeout=20)
+    app.release(conn, job_id, {"text": "Prestige", "tone": "warm"}, actor="ana")
+    await drain(app, timeout=20)
+    app.release(conn, job_id, {"text": "Prestige Worldwide", "approved": True}, actor="bo")
+    await drain(app, timeout=20)
+
+    records = {r["attempt"]: r for r in app.dataset(kind="draft")}
+    assert sorted(records) == [1, 2, 3]
+    assert records[1]["input"] == {"text": "prestige?", "lang": "en"}
+    assert records[1]["output"] == {"draft": "Dear prestige?"}
+    assert (records[1]["label"], records[1]["review_edit"]) == ("approve_edited", {"text": "Prestige", "tone": "warm"})
+    assert records[2]["input"] == {"text": "Prestige", "lang": "en", "tone": "warm"}
+    assert records[2]["output"] == {"draft": "Dear Prestige"}
+    assert (records[2]["label"], records[2]["review_edit"]) == \
+        ("approve_edited", {"text": "Prestige Worldwide", "approved": True})
+    assert records[3]["input"] == {"text": "Prestige Worldwide", "lang": "en", "tone": "warm", "approved": True}
+    assert (records[3]["output"], records[3]["label"]) == ({"sent": "Prestige Worldwide"}, None)
+    result = run_cli(app, "dataset", "export", "--kind", "draft", "--format", "csv")
+    table = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [json.loads(r["input"])["text"] for r in table] == ["prestige?", "Prestige", "Prestige Worldwide"]
+    assert "edits" not in table[0]
 
 
 def _fabricate_tries(conn, app, kind: str, n: int) -> None:

@@ -93,6 +93,8 @@ def command_lines(block: Block) -> list[list[str]]:
     commands = []
     for line in block.body.replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)
+        if words and words[-1] == "&":  # started in the background: the command itself
+            words = words[:-1]
         if words and Path(words[0]).name == "joblane":
             commands.append(words[1:])
     return commands
@@ -142,6 +144,36 @@ def test_links_between_pages_resolve():
     for page in all_pages():
         for m in LINK.finditer(page.read_text()):
             assert (page.parent / m["target"]).is_file(), f"{page.name} links to missing {m['target']}"
+
+
+def test_the_readme_lists_every_extra_and_installs_from_a_checkout_a_wheel_or_an_index():
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| extra | brings | for |"):]
+    table = table[:table.index("\n\n")]
+    listed = set(re.findall(r"^\| `([a-z]+)` \|", table, re.M))
+    assert listed == extras, f"README's extras table: missing {extras - listed}, unknown {listed - extras}"
+    [install] = [b for b in blocks(ROOT / "README.md") if b.info == "sh" and "pip install" in b.body][:1]
+    lines = [shlex.split(line, comments=True) for line in install.body.splitlines()]
+    targets = [words[2] for words in lines if words[:2] == ["pip", "install"]]
+    assert targets[0] == ".[web]" and targets[1].startswith("$(echo dist/joblane-*.whl)") and \
+        targets[2] == "joblane[web]", targets
+    assert "pip install joblane " not in readme and "pip install joblane\n" not in readme
+
+
+def test_an_extra_is_hinted_from_where_joblane_was_installed():
+    """This suite's joblane is an editable install of the checkout: the hint installs the extra from it."""
+    import json
+    from importlib import metadata
+
+    from joblane.rules import install_hint
+
+    direct = json.loads(metadata.distribution("joblane").read_text("direct_url.json") or "{}")
+    if not (direct.get("dir_info") or {}).get("editable"):
+        pytest.skip("joblane is not an editable install of a checkout here")
+    assert install_hint("web") == f"pip install -e '{ROOT}[web]'"
 
 
 # -- the blocks run -------------------------------------------------------------------
@@ -236,6 +268,87 @@ def test_joblane_command_lines_parse_and_the_harmless_ones_run(page, database):
             # one error line, last (a bulk command first reports what it did and skipped)
             errors = [o for o in output.splitlines() if o.startswith("error: ")]
             assert len(errors) == 1 and output.splitlines()[-1] == errors[0], f"{line}:\n{output}"
+
+
+# -- the quick start, as a reader runs it ------------------------------------------------
+
+
+def test_the_quick_start_runs_as_a_reader_runs_it(database, tmp_path):
+    """docs/quickstart.md line by line in one shell's order: its files saved, its commands run as processes (the
+    worker and the dashboard in the background, as the page starts them), its waits honoured; then what the page
+    says the reader sees: job 1 done, job 2 failed, then done after the fix and `joblane retry 2`, the dashboard up."""
+    import os
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    from ..helpers import free_port
+
+    import shutil
+
+    page = DOCS / "quickstart.md"
+    if shutil.which("psql") is None:
+        pytest.skip("the quick start fixes a row with psql, which is not installed here")
+    for m in EXAMPLE.finditer(page.read_text()):  # "Save this as tasks.py": the files the page shows
+        (tmp_path / Path(m["path"]).name).write_text((ROOT / m["path"]).read_text())
+    bin_dir = str(Path(sys.executable).parent)  # `joblane` and `python` of this environment, as after pip install
+    env = {**os.environ, "DATABASE_URL": database, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    env.pop("JOBLANE_SCHEMA", None)
+    dashboard_port = free_port()
+    background: list[subprocess.Popen] = []
+    said: dict[str, list[str]] = {}
+
+    def unfinished() -> int:
+        with psycopg.connect(database) as c:
+            return c.execute("SELECT count(*) FROM joblane.jobs WHERE state IN ('pending', 'running')").fetchone()[0]
+
+    try:
+        for block in (b for b in blocks(page) if b.info == "sh"):
+            for line in block.body.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if not words or words[0] in ("pip", "export"):
+                    continue  # joblane is installed here; DATABASE_URL is this test's fresh database
+                command = shlex.join(words)
+                if words[0] == "sleep":  # the reader waits for the worker: wait until it has nothing left to do
+                    deadline = time.monotonic() + 60
+                    while unfinished() and time.monotonic() < deadline:
+                        time.sleep(0.2)
+                    assert not unfinished(), f"{block.where}: the worker left jobs unfinished"
+                    continue
+                if words[-1] == "&":
+                    run = words[:-1] + (["--port", str(dashboard_port)] if words[1:2] == ["dashboard"] else [])
+                    background.append(subprocess.Popen(run, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                                       stderr=subprocess.DEVNULL))
+                    continue
+                done = subprocess.run(line.split(" #")[0], shell=True, cwd=tmp_path, env=env, capture_output=True,
+                                      text=True, timeout=60)
+                assert done.returncode == 0, f"{block.where}: {command}\n{done.stdout}{done.stderr}"
+                said.setdefault(command, []).append(" ".join(done.stdout.replace("│", " ").split()))
+        assert said["python signup.py"] == ["submission 1: job 1 submission 2: job 2"]
+        [listed] = said["joblane jobs"]
+        assert re.search(r"2 emails welcome failed 2/2", listed) and re.search(r"1 emails welcome done 1/2", listed)
+        before, after = said["joblane jobs show 2"]
+        assert "state failed" in before and "not an email address" in before and "Traceback" in before
+        assert "state done" in after and "max_attempts 3" in after and '"sent_to": "grace@acme.test"' in after
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                html = urllib.request.urlopen(f"http://127.0.0.1:{dashboard_port}/", timeout=2).read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the dashboard did not answer"
+                time.sleep(0.2)
+        assert "emails" in html
+    finally:
+        for process in background:  # `kill %1 %2`
+            process.send_signal(signal.SIGTERM)
+        for process in background:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import re
 import httpx
 import psycopg
 
+from joblane import admin
 from joblane.outbox import Relay
 from joblane.outbox.sinks import HttpSink
 
@@ -89,6 +90,55 @@ async def test_a_summary_every_interval_only_when_something_happened(app, conn, 
         await asyncio.wait_for(running, 30)
 
 
+async def test_rows_no_route_matches_are_said_once_per_topic_and_counted_by_status_and_the_dashboard(
+        app, conn, joblane_dsn, receiver, caplog):
+    from starlette.testclient import TestClient
+
+    from joblane.web import create_app
+
+    from ..review.helpers import run_cli
+
+    app.route("hook.", HttpSink(receiver.url))
+    publish(app, joblane_dsn, "crm.lead_created", [{"n": i} for i in range(3)])
+    publish(app, joblane_dsn, "billing", [{}])
+    publish(app, joblane_dsn, "hook.lead", [{}])
+    # with no relay running, status says so
+    idle = run_cli(app, "status")
+    assert "no relay is running: 5 pending messages wait for one" in " ".join(idle.stdout.split())
+    caplog.set_level(logging.INFO, logger="joblane")
+    relay = Relay(app, listen=False, poll_interval=0.05, summary_interval=0.3)
+    running = asyncio.create_task(relay.run(install_signals=False))
+    try:
+        await relay.started.wait()
+
+        def unrouted():
+            return [r for r in caplog.records if "with no route" in r.getMessage()]
+
+        await eventually(lambda: len(unrouted()) == 2, timeout=10, message="a line per unrouted topic")
+        await eventually(lambda: admin.processes(app, conn), timeout=10, message="the relay registered")
+        await asyncio.sleep(1.0)  # three more checks: nothing new to say
+        lines = {r.joblane["topic"]: r for r in unrouted()}
+        assert len(unrouted()) == 2 and set(lines) == {"crm.lead_created", "billing"}
+        assert lines["crm.lead_created"].levelno == logging.WARNING
+        assert lines["crm.lead_created"].getMessage().startswith(
+            "relay: 3 messages of topic 'crm.lead_created' wait with no route (routes: 'hook.')")
+        assert lines["billing"].getMessage().startswith("relay: 1 message of topic 'billing' waits with no route")
+        assert lines["billing"].joblane["messages"] == 1
+        status = run_cli(app, "status")
+        said = " ".join(status.stdout.split())
+        assert status.exit_code == 0, status.output
+        assert "outbox: 4 pending messages match no route (hook.) and wait: crm.lead_created (3), billing (1)" \
+            in said
+        with TestClient(create_app(app), base_url="http://127.0.0.1") as client:
+            html = client.get("/outbox").text
+        assert re.search(r'<p class="flash error unrouted">Pending messages of 2 topics match no route', html)
+        assert re.search(r'<tr data-topic="crm.lead_created" class="unrouted">.*?no route</span>', html)
+        assert '<tr data-topic="hook.lead">' in html
+    finally:
+        relay.request_stop()
+        await asyncio.wait_for(running, 30)
+
+
 async def test_relay_process_logs_retries_and_failures_as_json_without_httpx_lines_and_serves_metrics(
         app, conn, joblane_dsn, receiver, spawn_relay):
     receiver.respond = answering()
@@ -127,3 +177,21 @@ async def test_text_logs_carry_iso_8601_times(app, conn, joblane_dsn, receiver, 
     assert lines and all(ISO.match(line) for line in lines), lines
     assert any("hook. -> " in line for line in lines)
     assert "HTTP Request" not in relay.output(), "httpx logs its requests at INFO: not shown"
+
+
+async def test_text_logs_to_a_file_keep_each_record_on_one_line_whatever_its_width(
+        app, conn, joblane_dsn, receiver, spawn_relay):
+    """Not a terminal (the process logs to a file): a 300-character reason stays on its record's line."""
+    reason = "no such lead: " + "x" * 300
+    receiver.respond = lambda request: (400, {}, reason.encode())
+    [bad] = publish(app, joblane_dsn, "hook.lead", [{}])
+    relay = spawn_relay(APP, app.schema, "--poll-interval", "0.1", "--log-format", "text",
+                        env={"TEST_HTTP_URL": receiver.url, "COLUMNS": ""})
+    await eventually(lambda: {s for _, s, *_ in outbox_rows(conn, app)} == {"failed"}, timeout=30,
+                     message="the row failed")
+    relay.stop()
+    lines = [line for line in relay.output().splitlines() if line.strip()]
+    assert lines and all(ISO.match(line) for line in lines), lines
+    [failed] = [line for line in lines if f"outbox {bad} " in line]
+    assert re.match(ISO.pattern + rf"WARNING +outbox {bad} hook\.lead attempt 1/25: failed: HTTP 400 Bad Request: "
+                    + reason + "$", failed), failed

@@ -324,6 +324,48 @@ def test_worker_and_relay_with_a_wrong_or_unreachable_database_exit_with_one_lin
     assert_one_line_error(out, fragment)
 
 
+@pytest.mark.parametrize("command", ["worker", "relay"])
+def test_a_worker_facing_a_silent_database_says_so_at_once_and_keeps_retrying(command):
+    """A server that accepts connections and never answers (a firewall, a hung host): the worker's (and the
+    relay's) first words come within seconds, naming what to check and that it retries, not when the minute of
+    retrying ends."""
+    import socket
+    import tempfile
+    import time
+
+    with socket.socket() as silent, tempfile.TemporaryFile(mode="w+") as log:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # connections complete in the backlog; nobody ever answers them
+        port = silent.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "JOBLANE_SCHEMA")}
+        env.update(PYTHONPATH=str(ROOT), DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/test?sslmode=disable")
+        proc = subprocess.Popen([sys.executable, "-m", "joblane", command, WORKER_APP, "--log-format", "json",
+                                 "--connect-timeout", "60"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                text=True)
+        try:
+            lines: list[dict] = []
+            deadline = time.monotonic() + 25
+            while len(lines) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                log.seek(0)
+                lines = [json.loads(line) for line in log.read().splitlines() if line.startswith("{")]
+        finally:
+            proc.kill()
+            proc.wait(10)
+    assert len(lines) >= 2, lines
+    first, second = lines[0], lines[1]
+    assert first["level"] == "error", first
+    if command == "worker":
+        assert first["message"] == ("cannot reach the database (no answer within 5s): is DATABASE_URL right and "
+                                    "the server up? Retrying for up to 60s (--connect-timeout)")
+        assert second["message"].startswith("database still not reachable (no answer within 5s); retrying in ")
+    else:
+        assert first["message"] == ("cannot connect to the database: no answer within 5s: is DATABASE_URL right and "
+                                    "the server up? Retrying for up to 60s (--connect-timeout)")
+        assert second["message"].startswith("cannot connect to the database: no answer within 5s; retrying in ")
+    assert second["level"] == "warning"
+
+
 def test_worker_refuses_hostile_names(joblane_dsn, joblane_schema):
     env = {"DATABASE_URL": joblane_dsn, "JOBLANE_SCHEMA": joblane_schema}
     assert_one_line_error(joblane_cli("worker", WORKER_APP, "-q", "x'; DROP TABLE jobs; --", env=env),

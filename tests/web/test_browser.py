@@ -88,6 +88,22 @@ def test_overview_shows_queues_chart_and_refreshes(site, page):
     assert "updated" in page.locator("#updated").inner_text()
 
 
+def test_overview_counts_jobs_waiting_for_their_parents(site, page):
+    app, url = site
+    with app.connect() as conn:
+        parent = app.enqueue(conn, "classify", {"n": 0}, queue="waiting-q", delay=3600)
+        for n in range(3):
+            app.enqueue(conn, "classify", {"n": n}, queue="waiting-q", after=[parent])
+    page.goto(url + "/")
+    cells = page.locator("#queues tbody tr", has_text="waiting-q").locator("td")
+    header = [h.strip() for h in page.locator("#queues thead th").all_inner_texts()]
+    assert cells.nth(header.index("waiting")).inner_text().strip() == "3"
+    assert cells.nth(header.index("pending")).inner_text().strip() == "1"
+    cells.nth(header.index("waiting")).locator("a").click()
+    page.wait_for_url(re.compile(r"state=waiting"))
+    assert page.locator("tr[data-job]").count() == 3
+
+
 def test_filter_failed_jobs_retry_one_and_see_it_run(site, page):
     app, url = site
     with app.connect() as conn:
@@ -262,6 +278,16 @@ def test_history_shows_what_ran_per_queue_and_kind(site, page):
     assert int(row.locator("td").nth(2).inner_text().replace(",", "")) >= 1  # done
     latency = page.locator('#latency-table tr[data-queue="leads"]')
     assert re.search(r"\d+ ms|\d+\.\d s", latency.locator("td").nth(2).inner_text())
+    # the charts beside the tables: a bar per five minutes over the hour, the job's in the last one or two
+    chart = page.locator("svg#history-chart")
+    assert chart.is_visible() and chart.locator("g").count() == 12
+    titles = chart.locator("g title").all_text_contents()
+    assert any(re.search(r": [1-9]\d* done, \d+ failed$", t) for t in titles[-2:]), titles
+    assert page.locator('svg.history-chart[data-queue="leads"]:not([data-kind])').is_visible()
+    assert page.locator('svg.history-chart[data-queue="leads"][data-kind="classify"]').count() == 1
+    waits = page.locator('svg.latency-chart[data-queue="leads"]')
+    assert waits.is_visible() and waits.locator("circle.dot.p50").count() >= 1
     page.locator("#windows a", has_text="last 7d").click()
     page.wait_for_url(re.compile(r"window=7d"))
     assert page.locator('#history-table tr[data-queue="leads"]').count() >= 1
+    assert page.locator("svg#history-chart g").count() == 168  # an hour a bar over the week

@@ -43,3 +43,31 @@ def test_batch_pages_and_waiting_jobs(app, conn, client):
     run_jobs(app)
     done = client.get(f"/batches/{batch.id}")
     assert "finished" in done.text and "2/2" in done.text
+
+
+def test_a_large_batch_pages_through_all_its_jobs_and_says_how_many_there_are(app, conn, client):
+    import re
+
+    from joblane import JobSpec
+
+    @app.task("step")
+    def step(job):
+        pass
+
+    with psycopg.connect(app.dsn) as tx:
+        batch = app.batch(tx, name="big")
+        ids = app.enqueue_many(tx, [JobSpec("step", {"n": n}) for n in range(1203)], batch=batch)
+    seen: list[int] = []
+    url = f"/batches/{batch.id}"
+    pages = 0
+    while url:
+        html = client.get(url).text
+        rows = [int(i) for i in re.findall(r'<tr data-job="(\d+)"', html)]
+        assert f"{len(rows)} of 1,203" in html, html[html.find('id="batch-page"'):][:300]
+        seen += rows
+        pages += 1
+        found = re.search(r'<a href="(/batches/\d+\?[^"]*after=\d+)" id="next-page">', html)
+        url = found.group(1).replace("&amp;", "&") if found else None
+    assert pages == 3 and seen == sorted(ids)
+    pending = client.get(f"/batches/{batch.id}?state=pending").text
+    assert "500 of 1,203 pending" in pending and f"/batches/{batch.id}?state=pending&amp;after=" in pending

@@ -179,7 +179,9 @@ def test_outbox_shows_retrying_messages_a_page_per_message_and_discards(app, con
     assert "4/10" in retry_row and "HTTP 503 &lt;script&gt;" in retry_row and "<script>alert" not in html
 
     page = client.get(f"/outbox/{failed}").text
-    assert 'id="message-state">failed<' in page and "&#34;lead&#34;: 9" in page and ">10 of" not in page
+    assert 'id="message-state">failed<' in page and "&#34;lead&#34;: 9" in page
+    # no budget of its own: its route's applies (the default, this app routing nothing), as the relay logs it
+    assert 'id="tries">10 of 25 <span class="muted small">(the route\'s)</span>' in page
     assert 'formaction="/outbox/retry"' in page
     assert client.get("/outbox/999999").status_code == 404
 
@@ -291,6 +293,66 @@ async def test_history_rolls_up_nothing_before_the_oldest_attempt(app, conn):
     assert await roll_up(app) >= 24
     assert conn.execute(f"SELECT min(start) FROM {slices}").fetchone()[0] == conn.execute(
         "SELECT date_trunc('hour', now() - interval '30 hours', 'UTC')").fetchone()[0]
+
+
+async def test_history_does_not_call_the_empty_time_before_the_first_attempt_read_from_the_attempts(app, conn, client):
+    """A week's window over a schema whose first attempt finished 5 hours ago: the page says when the history
+    begins, and reads "the last ..." only for the minutes after the last slice, not the empty days before."""
+    def source() -> str:
+        html = client.get("/history?window=7d").text
+        return re.sub(r"<[^>]+>", "", re.search(r'id="history-source">(.*?)</p>', html, re.S).group(1))
+
+    assert "no attempt finished and nothing was rolled up" in source()
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=2, hours_ago=5)
+    before = source()  # nothing rolled up: the five hours since the first attempt came from the attempts
+    assert re.search(r"0 slices rolled up by the workers' history service, the last (4h 59m|5h 0m|5h)\b", before), before
+    assert "The history begins" in before and not re.search(r"\d+d ", before.split("The history begins")[0])
+    await roll_up(app)
+    after = source()
+    last = re.search(r"the last ((\d+)m )?(\d+)s read from the attempts", after)
+    assert last and int(last.group(2) or 0) < 60, after  # only the minutes since the last slice
+    assert "earlier that no slice covers" not in after and "The history begins" in after, after
+
+
+async def test_history_charts_done_failed_and_latency_per_bucket_queue_and_kind(app, conn, client):
+    """The history page draws, per hour (per five minutes for 1h), the attempts done and failed for every queue,
+    per queue and per kind, and enqueue-to-start p50/p95 per queue; the same bars from the attempts and from the
+    roll-ups."""
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="done", n=5, hours_ago=0.25)
+    add_attempts(conn, app, queue="leads", kind="enrich", outcome="failed", n=1, hours_ago=0.25)
+    add_attempts(conn, app, queue="mail", kind="send", outcome="done", n=3, hours_ago=3, start_ms=30_000)
+    quarter = conn.execute("SELECT now() - interval '15 minutes'").fetchone()[0].astimezone(dt.timezone.utc)
+    three = conn.execute("SELECT now() - interval '3 hours'").fetchone()[0].astimezone(dt.timezone.utc)
+
+    def svg(html: str, start: str) -> str:
+        at = html.index(start)
+        return html[at:html.index("</svg>", at)]
+
+    def check() -> None:
+        html = client.get("/history?window=24h").text
+        every = svg(html, '<svg class="chart history-chart" id="history-chart"')
+        titles = re.findall(r"<title>(.*?)</title>", every)
+        assert len(titles) == 24, len(titles)  # one bar per hour of the window
+        hour = quarter.strftime("%a %H:00")
+        assert f"the hour from {hour} UTC: 5 done, 1 failed" in titles
+        assert f"the hour from {three.strftime('%a %H:00')} UTC: 3 done, 0 failed" in titles
+        assert sum(1 for t in titles if not t.endswith(": 0 done, 0 failed")) == 2
+        assert every.count('class="fail"') == 1
+        leads = svg(html, '<svg class="chart history-chart" data-queue="leads"')
+        assert f"the hour from {hour} UTC: 5 done, 1 failed" in leads and "3 done" not in leads
+        send = svg(html, '<svg class="chart history-chart" data-queue="mail" data-kind="send"')
+        assert "3 done, 0 failed" in send
+        waits = svg(html, '<svg class="chart latency-chart" data-queue="mail"')
+        # 3 first tries started 30 s after enqueue: bucket up to 32.8 s, as the table says
+        assert re.search(r"<title>[^<]*: p50 32\.8 s over 3 first tries</title>", waits), waits
+        five = client.get("/history?window=1h").text
+        bars = re.findall(r"<title>(.*?)</title>", svg(five, 'id="history-chart"'))
+        assert len(bars) == 12 and any(t.endswith(": 5 done, 1 failed") for t in bars), bars
+        assert all(t.startswith("the 5 min from ") for t in bars)
+
+    check()  # read from the attempts
+    await roll_up(app)
+    check()  # from the roll-ups
 
 
 async def test_history_counts_outcomes_and_latency_per_window_rolled_up_or_not(app, conn, client):

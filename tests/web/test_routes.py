@@ -74,6 +74,62 @@ def test_overview_counts_queues_states_workers_and_the_last_hour(app, conn, clie
                      client.get("/").text)
 
 
+def test_overview_counts_waiting_jobs_per_queue(app, conn, client):
+    """Jobs waiting for their parents (after=) and for a signal (WaitFor) fill the waiting column."""
+    @app.task("classify", queue="leads")
+    async def classify(job):
+        return None
+
+    parent = app.enqueue(conn, "classify", {}, delay=3600)
+    for _ in range(2):
+        app.enqueue(conn, "classify", {}, queue="leads", after=[parent])
+    app.enqueue(conn, "classify", {}, queue="review", after=[parent])
+    for key in ("batch:a", "batch:b", "batch:c"):
+        conn.execute(f"INSERT INTO {table(app, 'jobs')} (queue, kind, state, wait_key) VALUES ('review', 'classify',"
+                     " 'waiting', %s)", (key,))
+    add_job(conn, app, state="done", queue="review")
+
+    html = client.get("/").text
+    queues = html[html.index('id="queues"'):html.index("</table>", html.index('id="queues"'))]
+    numbers = {}
+    for queue, row in re.findall(r'<td><a href="/jobs\?queue=(\w+)">\w+</a></td>(.*?)</tr>', queues, re.S):
+        cells = re.findall(r'<td class="num">(.*?)</td>', row, re.S)
+        numbers[queue] = [re.sub(r"<[^>]+>", "", c).strip() for c in cells]
+    # pending running done failed held cancelled waiting, oldest ready
+    assert numbers["leads"][:7] == ["1", "0", "0", "0", "0", "0", "2"]
+    assert numbers["review"][:7] == ["0", "0", "1", "0", "0", "0", "4"]
+    assert '<a href="/jobs?queue=review&amp;state=waiting">4</a>' in queues
+    tfoot = html[html.index("<tfoot>", html.index('id="queues"')):html.index("</tfoot>", html.index('id="queues"'))]
+    assert re.findall(r'<th class="num">([^<]*)</th>', tfoot)[6].strip() == "6"
+
+
+def test_an_error_from_before_a_job_was_done_or_a_message_sent_is_not_shown_as_current(app, conn, client):
+    """A done job keeps the last_error of a hold or a failed try, a sent message that of a failed try: shown as
+    earlier (muted), never as the row's error; a message without its own budget shows its route's."""
+    from ..review.helpers import run_cli
+
+    done = add_job(conn, app, state="done", error="held: parent job 5 failed; release to run it anyway")
+    failing = add_job(conn, app, state="failed", error="boom")
+    html = client.get("/jobs").text
+    row = re.search(rf'<tr data-job="{done}".*?</tr>', html, re.S).group(0)
+    assert 'class="err"' not in row and "earlier: held: parent job 5 failed" in row
+    assert re.search(rf'<tr data-job="{failing}".*?<span class="err">boom</span>', html, re.S)
+    shown = " ".join(run_cli(app, "jobs", "show", str(done)).stdout.replace("│", " ").split())
+    assert "earlier error held: parent job 5 failed" in shown and "last_error" not in shown
+    listed = run_cli(app, "jobs").stdout
+    assert "(earlier) held: parent job 5" in listed
+
+    box = table(app, "outbox")
+    sent = conn.execute(f"INSERT INTO {box} (topic, state, attempts, sent_at, last_error) VALUES ('crm.lead', 'sent',"
+                        " 2, now(), 'cannot connect: Connection refused') RETURNING id").fetchone()[0]
+    page = client.get(f"/outbox/{sent}").text
+    assert re.search(r'<dt>an earlier try</dt><dd class="muted" id="last-error">cannot connect', page)
+    assert re.search(r'<dd id="tries">2 of 25 <span class="muted small">\(the route\'s\)</span>', page)
+    shown = " ".join(run_cli(app, "outbox", "show", str(sent)).stdout.replace("│", " ").split())
+    assert "max_attempts the route's (25 unless app.route(..., max_attempts=N) says otherwise)" in shown
+    assert "earlier error cannot connect: Connection refused" in shown and "last_error" not in shown
+
+
 def test_overview_refreshes_itself(app):
     with TestClient(create_app(app, refresh_seconds=7), base_url=LOCAL) as c:
         assert '<meta http-equiv="refresh" content="7">' in c.get("/").text
@@ -282,6 +338,12 @@ def test_overview_queries_read_indexes_not_the_table(app, conn):
     conn.execute(f"INSERT INTO {jobs} (queue, kind, state) SELECT 'q1', 'k', 'held' FROM generate_series(1, 20) i")
     conn.execute(f"INSERT INTO {jobs} (queue, kind, state, worker, lease_until, attempts)"
                  " SELECT 'q2', 'k', 'running', 'w' || (i % 3), now() + interval '30 seconds', 1 FROM generate_series(1, 12) i")
+    conn.execute(f"INSERT INTO {jobs} (queue, kind, state, wait_key) SELECT 'q3', 'k', 'waiting', 'key-' || i"
+                 " FROM generate_series(1, 15) i")
+    conn.execute(f"INSERT INTO {jobs} (queue, kind, state, parents_left) SELECT 'q3', 'k', 'waiting', 1"
+                 " FROM generate_series(1, 15) i")
+    conn.execute(f"INSERT INTO {table(app, 'job_deps')} (parent_id, child_id)"
+                 f" SELECT 1, id FROM {jobs} WHERE state = 'waiting' AND wait_key IS NULL")
     conn.execute(f"VACUUM ANALYZE {jobs}")
     q = app.queries
     for name, args in (("dashboard_queue_counts", []), ("dashboard_throughput", [60]), ("dashboard_workers", [8]),

@@ -78,7 +78,10 @@ def test_pages_read_indexes_at_scale(app, conn, client):
     )]
     for name, args in [*checks.items(), *(("dashboard_search_jobs", s) for s in searches),
                        ("history_counts", [rolled, *live]),
-                       ("history_latency_buckets", [rolled, *live])]:
+                       ("history_latency_buckets", [rolled, *live]),
+                       ("history_series", [rolled, *live, 3600]),
+                       ("history_latency_series", [rolled, *live, 3600]),
+                       ("history_first_attempt", [rolled[0]])]:
         text = plan(conn, app, name, args)
         scans = "\n".join(line for line in text.splitlines() if "Scan" in line)
         assert not re.search(r"Seq Scan on (jobs|attempts)\b", text), f"{name} scans a big table:\n{scans}"
@@ -91,3 +94,7 @@ def test_pages_read_indexes_at_scale(app, conn, client):
     html = client.get("/history?window=7d").text
     done = int(re.search(r'id="total-done">([\d,]+)<', html).group(1).replace(",", ""))
     assert done >= JOBS * 0.97
+    # the chart of every queue: a bar an hour, the same done in its bars as in the table
+    chart = html[html.index('id="history-chart"'):html.index("</svg>", html.index('id="history-chart"'))]
+    bars = [int(n.replace(",", "")) for n in re.findall(r": ([\d,]+) done, [\d,]+ failed</title>", chart)]
+    assert len(bars) == 168 and sum(bars) == done

@@ -13,8 +13,8 @@ import click
 from rich.markup import escape
 
 from .. import admin, budgets as budget_rules, rules
-from .common import (Duration, Fail, Table, app_from_context, console, emit_json, jsonable, needs_extra, print_table,
-                     run_or_fail, show_time)
+from .common import (Duration, Fail, Once, Table, app_from_context, console, emit_json, jsonable, needs_extra,
+                     print_table, run_or_fail, show_time)
 
 # -- budgets (spend caps) --------------------------------------------------------
 
@@ -48,7 +48,7 @@ def budgets(ctx: click.Context, as_json: bool) -> None:
 
 @budgets.command("set")
 @click.argument("name")
-@click.option("--queue", help="The queue whose jobs it caps (needed for a new budget).")
+@click.option("--queue", cls=Once, help="The queue whose jobs it caps (needed for a new budget).")
 @click.option("--cap", type=float, required=True, help="The most a key may spend per window.")
 @click.option("--per", "per", help="The window: hour, day, month, or a duration such as 10m (needed for a new budget).")
 @click.option("--key", help="Payload field of the key (dotted path), e.g. tenant; none: one cap for the queue.")
@@ -163,8 +163,8 @@ def dataset() -> None:
 
 
 @dataset.command("export")
-@click.option("--kind")
-@click.option("--queue")
+@click.option("--kind", cls=Once)
+@click.option("--queue", cls=Once)
 @click.option("--since", help="Finished at most this long ago (24h, 7d) or since an ISO time (UTC unless it has an offset).")
 @click.option("--until", help="Finished before this (same forms).")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]), default="jsonl", show_default=True)

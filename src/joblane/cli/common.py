@@ -83,14 +83,15 @@ def needs_extra(what: str, extra: str) -> Iterator[None]:
     """Around the imports of a command's optional dependencies: a missing one fails in one line naming the extra.
 
     ``with needs_extra("joblane dashboard", "web"): import uvicorn`` fails with
-    ``error: joblane dashboard needs the web extra: pip install 'joblane[web]'``.
+    ``error: joblane dashboard needs the web extra: pip install 'joblane[web]'`` (the line that installs it from
+    where this joblane came from: rules.install_hint).
     """
     try:
         yield
     except ImportError as exc:
         if missing_module(exc) is None:  # a broken joblane module is a bug to show, not an extra to install
             raise
-        raise Fail(f"{what} needs the {extra} extra: pip install 'joblane[{extra}]'") from None
+        raise Fail(f"{what} needs the {extra} extra: {rules.install_hint(extra)}") from None
 
 
 def load_app(spec: str) -> App:
@@ -112,7 +113,7 @@ def load_app(spec: str) -> App:
         hint = ""
         if isinstance(exc, ImportError):
             extra = EXTRAS.get(missing_module(exc) or "")
-            hint = f" (pip install 'joblane[{extra}]')" if extra else ""
+            hint = f" ({rules.install_hint(extra)})" if extra else ""
         missing_itself = isinstance(exc, ModuleNotFoundError) and bool(exc.name) and (
             module_name == exc.name or module_name.startswith(f"{exc.name}."))  # APP names no module: no traceback
         if debugging(ctx):
@@ -171,6 +172,9 @@ def run_or_fail(fn: Callable[[], Any]) -> Any:
     """
     try:
         return fn()
+    except SchemaVersionError as exc:  # a statement found no joblane table: the schema's version says why
+        ctx = click.get_current_context(silent=True)
+        raise Fail(schema_problem((ctx.obj or {}).get("app") if ctx is not None else None) or str(exc)) from None
     except JoblaneError as exc:
         raise Fail(str(exc)) from None
     except psycopg.Error as exc:
@@ -180,6 +184,13 @@ def run_or_fail(fn: Callable[[], Any]) -> Any:
             if problem:
                 raise Fail(problem) from None
         raise Fail(f"database error: {rules.first_line(exc)}") from None
+
+
+def error_cell(state: str, error: str | None) -> str:
+    """A list's last-error cell: a done job's (or sent message's) error is from an earlier try, and says so."""
+    if not error:
+        return ""
+    return f"(earlier) {error[:70]}" if state in ("done", "sent") else error[:80]
 
 
 def parse_ids(values: tuple[str, ...], noun: str = "job") -> list[int]:
@@ -318,6 +329,27 @@ def bulk(app: App, action: str, run: Callable[[], Any], *, ids: list[int] | None
         return run_or_fail(run)
 
 
+class Once(click.Option):
+    """An option given at most once: a repeat is refused (click alone would keep the last value, silently)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, multiple=True, **kwargs)
+
+    def process_value(self, ctx: click.Context, value: Any) -> Any:
+        values = super().process_value(ctx, value)
+        if values and len(values) > 1:
+            raise click.BadParameter(f"given {len(values)} times ({', '.join(map(repr, values))}): it takes one "
+                                     "value; run once per value", ctx, self)
+        return values[0] if values else None
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.multiple = False  # the help of a single-valued option, not "(repeatable)"-looking
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.multiple = True
+
+
 def job_filters(states: tuple[str, ...] | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The options that choose jobs like `joblane jobs` does: --kind, --queue, --state (of ``states``, when
     the command acts on more than one), --since and --until on when a job was created (rules.parse_when)."""
@@ -328,8 +360,8 @@ def job_filters(states: tuple[str, ...] | None) -> Callable[[Callable[..., Any]]
         if states:
             fn = click.option("--state", "states", multiple=True, type=click.Choice(states),
                               help=f"Jobs in this state (repeatable): {', '.join(states)}.")(fn)
-        fn = click.option("--queue", help="Jobs in this queue.")(fn)
-        fn = click.option("--kind", help="Jobs of this kind.")(fn)
+        fn = click.option("--queue", cls=Once, help="Jobs in this queue.")(fn)
+        fn = click.option("--kind", cls=Once, help="Jobs of this kind.")(fn)
         return fn
     return add
 
@@ -378,6 +410,10 @@ def setup_logging(fmt: str, verbose: bool) -> None:
     if fmt == "json":
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
+    elif not err_console.is_terminal:
+        # a file, a pipe, a container's log: one record, one line, whatever the width (rich would wrap at 80)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(TextFormatter())
     else:
         from rich.logging import RichHandler
 
@@ -393,6 +429,19 @@ def _iso_time(when: dt.datetime) -> Any:
     from rich.text import Text
 
     return Text(when.astimezone().isoformat(timespec="milliseconds"))
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-12-02T09:15:03.123+01:00 INFO     message``: the terminal's columns, never wrapped; a message's own
+    line breaks written as ``\\n``, so one record is one line (a traceback, when there is one, follows it)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = dt.datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
+        message = record.getMessage().replace("\r", "\\r").replace("\n", "\\n")
+        line = f"{when} {record.levelname:<8} {message}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
 
 
 class JsonFormatter(logging.Formatter):

@@ -14,8 +14,9 @@ from .. import admin, rules
 from ..app import App
 from ..admin import CANCELLABLE, RETRYABLE
 from ..types import FINISHED_STATES, JOB_STATES
-from .common import (Duration, Fail, Table, app_from_context, bulk, bulk_options, console, emit_json, job_filters,
-                     needs_extra, parse_ids, print_table, report_changes, run_or_fail, setup_logging, show_time)
+from .common import (Duration, Fail, Once, Table, app_from_context, bulk, bulk_options, console, emit_json,
+                     error_cell, job_filters, needs_extra, parse_ids, print_table, report_changes, run_or_fail,
+                     setup_logging, show_time)
 
 
 @click.command()
@@ -118,8 +119,13 @@ def status(ctx: click.Context, health: bool, as_json: bool) -> None:
         _health(app, as_json)
         return
     rows = run_or_fail(app.status)
+    # pending jobs a spend cap holds back are pending, but no worker will take them before the window rolls
+    capped = [b for b in run_or_fail(lambda: admin.budget_status(app)) if b["at_cap"] and b["waiting"]]
+    held_back: dict[str, int] = {}
+    for b in capped:
+        held_back[b["queue"]] = held_back.get(b["queue"], 0) + b["waiting"]
     if as_json:
-        emit_json(rows)
+        emit_json([r | {"at_cap": held_back.get(r["queue"], 0)} if r["state"] == "pending" else r for r in rows])
         return
     per_queue: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -133,11 +139,40 @@ def status(ctx: click.Context, health: bool, as_json: bool) -> None:
         table.add_column(s, justify="right")
     table.add_column("oldest ready", justify="right")
     for name, q in sorted(per_queue.items()):
-        table.add_row(name, *[f"{q[s]:,}" for s in JOB_STATES], rules.format_age(q["oldest"]))
+        cells = [f"{q[s]:,}" for s in JOB_STATES]
+        if held_back.get(name):
+            cells[JOB_STATES.index("pending")] += f" ({held_back[name]:,} at a cap)"
+        table.add_row(name, *cells, rules.format_age(q["oldest"]))
     if not per_queue:
         console.print(f"no jobs in schema {app.schema}")
     else:
         print_table(table)
+    for b in capped:
+        who = f"{b['key_field']}={b['key']}" if b["key_field"] else f"queue {b['queue']}"
+        console.print(f"[yellow]budget {escape(b['budget'])}:[/yellow] {escape(who)} has spent "
+                      f"{b['spent'] + b['in_flight']:g} of {b['cap']:g}; {rules.plural(b['waiting'], 'pending job')} "
+                      f"of queue {escape(b['queue'])} wait until {show_time(b['window_end'])} or until the cap is "
+                      f"raised (joblane budgets set {escape(b['budget'])} --cap N)", highlight=False)
+    _unrouted(app)
+
+
+def _unrouted(app: App) -> None:
+    """A line about pending outbox messages that no route matches (or, with no relay running, no relay takes)."""
+    found = run_or_fail(lambda: admin.unrouted_outbox(app, limit=10))
+    if not found["topics"]:
+        return
+    n = sum(t["messages"] for t in found["topics"])
+    topics = ", ".join(f"{t['topic']} ({t['messages']:,})" for t in found["topics"])
+    if found["relays"] or found["prefixes"]:
+        routes = ", ".join(p or "*" for p in found["prefixes"])
+        console.print(f"[yellow]outbox:[/yellow] {rules.plural(n, 'pending message')} "
+                      f"{'matches' if n == 1 else 'match'} no route ({escape(routes)}) and "
+                      f"{'waits' if n == 1 else 'wait'}: {escape(topics)}; add app.route(prefix, sink) "
+                      "or discard them", highlight=False)
+    else:
+        console.print(f"[yellow]outbox:[/yellow] no relay is running: {rules.plural(n, 'pending message')} "
+                      f"{'waits' if n == 1 else 'wait'} for one: {escape(topics)} (joblane relay APP)",
+                      highlight=False)
 
 
 def _health(app: App, as_json: bool) -> None:
@@ -164,9 +199,9 @@ def _health(app: App, as_json: bool) -> None:
 
 
 @click.group(invoke_without_command=True)
-@click.option("--state", type=click.Choice(JOB_STATES))
-@click.option("--kind")
-@click.option("--queue")
+@click.option("--state", cls=Once, type=click.Choice(JOB_STATES))
+@click.option("--kind", cls=Once)
+@click.option("--queue", cls=Once)
 @click.option("--since", help="Created at most this long ago (24h, 30m, 7d) or since an ISO time (UTC unless it has an offset).")
 @click.option("--until", help="... and created before this (same forms).")
 @click.option("--before", "before_id", type=int, help="Only ids below this (next page).")
@@ -178,11 +213,13 @@ def jobs(ctx: click.Context, state, kind, queue, since, until, before_id, limit,
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
-    rows = run_or_fail(lambda: app.list_jobs(state=state, kind=kind, queue=queue, before_id=before_id, limit=limit,
-                                             since=since, until=until))
+    # one row past the page says whether older ones exist (a full page alone does not)
+    rows = run_or_fail(lambda: app.list_jobs(state=state, kind=kind, queue=queue, before_id=before_id,
+                                             limit=limit if as_json else limit + 1, since=since, until=until))
     if as_json:
         emit_json(rows)
         return
+    more, rows = len(rows) > limit, rows[:limit]
     # a finished job's time is when it finished; an unfinished one's is when it may (next) run
     when = "finished" if state in FINISHED_STATES else "run after" if state else "run after / finished"
     table = Table()
@@ -191,12 +228,12 @@ def jobs(ctx: click.Context, state, kind, queue, since, until, before_id, limit,
     for r in rows:
         at = r["finished_at"] if r["state"] in FINISHED_STATES else r["run_after"]
         table.add_row(str(r["id"]), r["queue"], r["kind"], r["state"], f"{r['attempts']}/{r['max_attempts']}",
-                      show_time(at), (r["last_error"] or "")[:80])
+                      show_time(at), error_cell(r["state"], r["last_error"]))
     if rows:
         print_table(table)
     else:
         console.print("no jobs match")
-    if len(rows) == limit:
+    if more:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
 
@@ -217,6 +254,8 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     for key in ("kind", "queue", "state", "priority", "attempts", "max_attempts", "run_after", "unique_key",
                 "replay_of", "worker", "lease_until", "last_error", "created_at", "finished_at"):
         value = job[key]
+        if key == "last_error" and job["state"] == "done" and value:
+            key = "earlier error"  # from before the try that succeeded: not why it stands where it is
         table.add_row(key, show_time(value) if isinstance(value, dt.datetime)
                       else ("-" if value is None else str(value)))
     table.add_row("payload", json.dumps(job["payload"], indent=2))
@@ -239,6 +278,12 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
                        show_time(a["finished_at"]), (a["error"] or "")[:100],
                        json.dumps({k: v for k, v in (a["meta"] or {}).items() if k != "traceback"})[:100])
         print_table(at)
+        traced = [a for a in job["attempt_rows"] if isinstance((a["meta"] or {}).get("traceback"), str)]
+        if traced:
+            last = traced[-1]
+            earlier = f"; {rules.plural(len(traced) - 1, 'earlier one')} in --json" if len(traced) > 1 else ""
+            console.print(f"traceback of attempt {last['attempt']}{earlier}:", highlight=False)
+            console.print(escape(last["meta"]["traceback"].rstrip()), highlight=False, soft_wrap=True)
 
 
 def _skipped(app: App, asked: list[int] | None, done: list[int]) -> dict[int, str]:
@@ -264,23 +309,27 @@ def _ids_or_filter(job_ids: tuple[str, ...], filters: dict[str, Any], flag: bool
 @click.argument("job_ids", nargs=-1)
 @job_filters(RETRYABLE)
 @click.option("--all-failed", is_flag=True, help="Retry every failed job.")
+@click.option("--attempts", "more_tries", default=1, show_default=True, type=click.IntRange(1, 100_000),
+              help="Tries granted to a job whose budget is spent (a job failed at 3/3 gets 3/4 by default).")
 @bulk_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def retry(ctx: click.Context, job_ids, kind, queue, states, since, until, all_failed, yes, dry_run,
+def retry(ctx: click.Context, job_ids, kind, queue, states, since, until, all_failed, more_tries, yes, dry_run,
           as_json) -> None:
     """Put failed (or cancelled) jobs back to pending: by id, or every job matching the filters.
 
-    Without --state the filters match failed jobs. More than a hundred jobs are
-    counted and asked about first (--yes to go ahead, --dry-run to look).
+    A job that failed because its budget was spent gets one more try (3/3
+    becomes 3/4; --attempts N grants N). Without --state the filters match
+    failed jobs. More than a hundred jobs are counted and asked about first
+    (--yes to go ahead, --dry-run to look).
 
     Example: joblane retry --kind enrich_lead --since 2h
     """
     filters = {"kind": kind, "queue": queue, "state": list(states) or None, "since": since, "until": until}
     ids = _ids_or_filter(job_ids, filters, all_failed, "--kind, --queue, --state, --since, --until or --all-failed")
     app = app_from_context(ctx)
-    done = bulk(app, "retry", lambda: app.retry(ids=ids, all_failed=all_failed, **filters), ids=ids,
-                filters=filters, yes=yes, dry_run=dry_run, as_json=as_json)
+    done = bulk(app, "retry", lambda: app.retry(ids=ids, all_failed=all_failed, attempts=more_tries, **filters),
+                ids=ids, filters=filters, yes=yes, dry_run=dry_run, as_json=as_json)
     if done is not None:
         report_changes("retried", "job", done, _skipped(app, ids, done), as_json)
 

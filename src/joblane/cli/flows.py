@@ -6,7 +6,7 @@ import json
 
 import click
 
-from .common import Fail, Table, app_from_context, console, emit_json, print_table, run_or_fail, show_time
+from .common import Fail, Once, Table, app_from_context, console, emit_json, print_table, run_or_fail, show_time
 
 
 def _progress(b: dict) -> str:
@@ -25,10 +25,13 @@ def batches(ctx: click.Context, unfinished: bool, before_id: int | None, limit: 
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
-    rows = run_or_fail(lambda: app.list_batches(before_id=before_id, limit=limit, unfinished=unfinished))
+    # one row past the page says whether older ones exist (a full page alone does not)
+    rows = run_or_fail(lambda: app.list_batches(before_id=before_id, limit=limit if as_json else limit + 1,
+                                                unfinished=unfinished))
     if as_json:
         emit_json(rows)
         return
+    more, rows = len(rows) > limit, rows[:limit]
     if not rows:
         console.print("no batches match")
         return
@@ -41,13 +44,13 @@ def batches(ctx: click.Context, unfinished: bool, before_id: int | None, limit: 
                       str(b["cancelled"]), str(b["pending"]), str(b["running"]), str(b["held"]), str(b["waiting"]),
                       str(b["callback_job_id"] or b["on_complete"] or "-"), show_time(b["created_at"]))
     print_table(table)
-    if len(rows) == limit:
+    if more:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
 
 @batches.command("show")
 @click.argument("batch_id", type=int)
-@click.option("--state", help="Only its jobs in this state.")
+@click.option("--state", cls=Once, help="Only its jobs in this state.")
 @click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000),
               help="Most jobs listed.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -88,7 +91,7 @@ def batches_show(ctx: click.Context, batch_id: int, state: str | None, limit: in
 
 
 @click.command()
-@click.option("--queue", help="Only this queue.")
+@click.option("--queue", cls=Once, help="Only this queue.")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context

@@ -9,8 +9,9 @@ import json
 import click
 
 from .. import admin
-from .common import (Duration, Fail, Table, app_from_context, console, emit_json, needs_extra, parse_ids,
-                     print_table, report_changes, run_or_fail, setup_logging, show_time, working)
+from ..outbox.routes import DEFAULT_MAX_ATTEMPTS
+from .common import (Duration, Fail, Once, Table, app_from_context, console, emit_json, error_cell, needs_extra,
+                     parse_ids, print_table, report_changes, run_or_fail, setup_logging, show_time, working)
 
 
 @click.command()
@@ -69,8 +70,8 @@ def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, 
 
 
 @click.group(invoke_without_command=True)
-@click.option("--state", type=click.Choice(admin.OUTBOX_STATES))
-@click.option("--topic", help="Only topics starting with this.")
+@click.option("--state", cls=Once, type=click.Choice(admin.OUTBOX_STATES))
+@click.option("--topic", cls=Once, help="Only topics starting with this.")
 @click.option("--before", "before_id", type=int, help="Only ids below this (next page).")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -80,22 +81,25 @@ def outbox(ctx: click.Context, state, topic, before_id, limit, as_json) -> None:
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
-    rows = run_or_fail(lambda: admin.outbox_messages(app, state=state, topic=topic, before_id=before_id, limit=limit))
+    # one row past the page says whether older ones exist (a full page alone does not)
+    rows = run_or_fail(lambda: admin.outbox_messages(app, state=state, topic=topic, before_id=before_id,
+                                                     limit=limit if as_json else limit + 1))
     if as_json:
         emit_json(rows)
         return
+    more, rows = len(rows) > limit, rows[:limit]
     table = Table()
     for col in ("id", "topic", "key", "idempotency key", "state", "attempts", "next try", "last error"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(str(r["id"]), r["topic"], r["key"] or "-", r["idempotency_key"] or f"outbox:{r['id']}",
                       r["state"], str(r["attempts"]), show_time(r["run_after"]) if r["state"] == "pending" else "-",
-                      (r["last_error"] or "")[:80])
+                      error_cell(r["state"], r["last_error"]))
     if rows:
         print_table(table)
     else:
         console.print("no outbox messages match")
-    if len(rows) == limit:
+    if more:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
 
@@ -114,6 +118,11 @@ def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
         return
     table = Table(show_header=False, title=f"outbox message {message_id}")
     for key, value in row.items():
+        if key == "max_attempts" and value is None:
+            # the row's own budget is set by `outbox retry`; until then its route's applies, as the relay logs it
+            value = f"the route's ({DEFAULT_MAX_ATTEMPTS} unless app.route(..., max_attempts=N) says otherwise)"
+        elif key == "last_error" and row["state"] == "sent" and value:
+            key = "earlier error"  # from a try before the one that was sent
         if key in ("payload", "headers"):
             value = json.dumps(value, indent=2)
         elif isinstance(value, dt.datetime):
@@ -124,7 +133,7 @@ def outbox_show(ctx: click.Context, message_id: int, as_json: bool) -> None:
 
 @outbox.command("retry")
 @click.argument("message_ids", nargs=-1)
-@click.option("--topic", help="Retry every failed message whose topic starts with this.")
+@click.option("--topic", cls=Once, help="Retry every failed message whose topic starts with this.")
 @click.option("--all-failed", is_flag=True, help="Retry every failed message.")
 @click.option("--attempts", default=10, show_default=True, type=click.IntRange(1, 100_000),
               help="Tries each message gets before it fails again.")

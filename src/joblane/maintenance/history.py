@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .. import store
@@ -28,6 +29,7 @@ class History(Service):
     """
 
     name = "history"
+    report_level = logging.DEBUG  # a round every few minutes, rows rolled up: nothing for an operator to act on
 
     def __init__(self, store: Store, *, interval: float = 30.0, settle: float = 60.0, max_slices: int = 6,
                  keep: float = 35 * 86400.0, **kw: Any):

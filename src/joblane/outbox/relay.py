@@ -24,7 +24,8 @@ idempotency key.
 Logs (logger ``joblane.outbox``): a line per retried row (INFO) and per
 failed row (WARNING) with the reason, a line per sent row at DEBUG, and
 every ``summary_interval`` seconds a summary of what was sent, retried and
-failed (only when something was).
+failed (only when something was); once per topic, a WARNING when pending
+rows wait that no live relay's route matches.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("joblane.outbox")
 
+CONNECT_TRY_SECONDS = 5.0  # one connection attempt of a starting relay (asyncpg's own default is 60 s)
 MAX_RETRY_AFTER = 86400.0  # the longest Retry-After a destination may ask for
 SENT, RETRY, FAILED, RELEASED = "sent", "retry", "failed", "released"
 
@@ -174,6 +176,7 @@ class Relay:
         # take turns, so batches side by side walk on from each other instead of all from the same key
         self._after: tuple[str, str] = ("", "")
         self._claiming = asyncio.Lock()
+        self._unrouted_said: set[str] = set()  # topics whose rows wait with no route, already logged
         self._sinks = list({id(r.sink): r.sink for r in routes}.values())
         self._pool: asyncpg.Pool | None = None
         self._stopping = asyncio.Event()
@@ -228,14 +231,16 @@ class Relay:
             options: dict = {"statement_cache_size": 0} if self.pgbouncer else {"init": self._plan_for_arguments}
             pool = await asyncpg.create_pool(self.app.dsn, min_size=1,
                                              max_size=self.concurrency + 2 + (self.vacuumer is not None),
-                                             reset=store.keep_session, **options,
+                                             reset=store.keep_session, **options, timeout=CONNECT_TRY_SECONDS,
                                              server_settings={"application_name": self.application_name})
         except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
             raise JoblaneError(f"cannot use the database: {describe(exc)}") from None
         except asyncpg.ClientConfigurationError as exc:  # a malformed URL: retrying cannot help
             raise JoblaneError(f"invalid database URL: {describe(exc)}") from None
         except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
-            raise _Unreachable(f"cannot connect to the database: {describe(exc)}") from None
+            why = (f"no answer within {CONNECT_TRY_SECONDS:g}s" if isinstance(exc, asyncio.TimeoutError)
+                   else describe(exc))
+            raise _Unreachable(f"cannot connect to the database: {why}") from None
         try:
             async with pool.acquire() as conn:
                 await check_async(conn, self.app.schema)
@@ -443,6 +448,38 @@ class Relay:
                          ", ".join(f"{v} {n}" for n, v in delta.items() if v or n in ("sent", "retried", "failed")),
                          extra={"joblane": {"seconds": self.summary_interval, **delta}})
 
+    async def check_unrouted(self) -> list[tuple[str, int]]:
+        """Warn, once per topic, about pending rows that no route of this relay or of another live relay
+        matches (the claim never takes them, so they would wait without a word); returns the newly said
+        (topic, count) pairs. A topic is said again if its rows leave and others come."""
+        async with self._pool.acquire() as conn:
+            live = await store.records(conn, self.store.list_processes())
+            prefixes = set(self._prefixes)
+            prefixes.update("" if t == "*" else t for r in live if r[1] == "relay" for t in r[5])
+            rows = await store.records(conn, self.store.unrouted_outbox(sorted(prefixes), 100))
+        waiting = {r[0]: r[1] for r in rows}
+        self._unrouted_said &= set(waiting)
+        new = [(t, n) for t, n in waiting.items() if t not in self._unrouted_said]
+        routes = ", ".join(repr(p) for p in sorted(prefixes))
+        for topic, n in new:
+            self._unrouted_said.add(topic)
+            log.warning("relay: %s of topic %r %s with no route (routes: %s): add app.route(prefix, sink) for "
+                        "it, or discard %s (joblane outbox --topic %s)", plural(n, "message"), topic,
+                        "waits" if n == 1 else "wait", routes, "it" if n == 1 else "them", topic,
+                        extra={"joblane": {"topic": topic, "messages": n, "unrouted": True}})
+        return new
+
+    async def _watch_unrouted(self) -> None:
+        """check_unrouted now and every ``summary_interval`` seconds."""
+        while not self._stopping.is_set():
+            try:
+                await self.check_unrouted()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.debug("relay: unrouted check: %s", describe(exc))
+            await sleep_unless(self._stopping, self.summary_interval)
+
     async def _finish(self, outcomes: list[_Outcome]) -> set[int]:
         if not outcomes:
             return set()
@@ -552,14 +589,19 @@ class Relay:
                         raise JoblaneError(f"{exc} (gave up after {self.connect_timeout:g}s): "
                                            "is DATABASE_URL right and the server up?") from None
                     delay = min(retry_delay(failures, base=0.2, cap=5.0), max(0.0, deadline - loop.time()))
-                    log.warning("%s; retrying in %.1fs", exc, delay)
+                    if failures == 1:  # the first failure says what to check at once, not when the wait ends
+                        log.error("%s: is DATABASE_URL right and the server up? Retrying for up to %gs "
+                                  "(--connect-timeout)", exc, self.connect_timeout)
+                    else:
+                        log.warning("%s; retrying in %.1fs", exc, delay)
                     await self._sleep(delay)
             log.info("relay %s: %s", self.name,
                      ", ".join(f"{r.prefix or '*'} -> {r.sink!r}{' (ordered)' if r.ordered else ''}"
                                for r in self.routes))
             background = [asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="outbox-pruner"),
                           asyncio.create_task(self._summaries(), name="outbox-summary"),
-                          asyncio.create_task(self._registered(), name="outbox-registration")]
+                          asyncio.create_task(self._registered(), name="outbox-registration"),
+                          asyncio.create_task(self._watch_unrouted(), name="outbox-unrouted")]
             if self.vacuumer is not None:
                 background.append(asyncio.create_task(self.vacuumer.run(self._pool, self._stopping),
                                                       name="outbox-vacuumer"))

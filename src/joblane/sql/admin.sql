@@ -39,7 +39,7 @@ SELECT attempt, worker, started_at, finished_at, outcome, error, meta::text AS m
  ORDER BY id;
 
 -- name: retry_jobs
--- Put failed or cancelled jobs back to pending: ids $1, or, when $1 is NULL, every job in states $4 of kind $2, queue $3, created in [$5, $6).
+-- Put failed or cancelled jobs back to pending with $7 more tries (max_attempts at least attempts + $7): ids $1, or, when $1 is NULL, every job in states $4 of kind $2, queue $3, created in [$5, $6).
 WITH target AS (
     SELECT j.id, j.unique_key
       FROM {schema}.jobs AS j
@@ -64,7 +64,7 @@ WITH target AS (
 )
 UPDATE {schema}.jobs AS j
    SET state = 'pending', run_after = now(), finished_at = NULL,
-       max_attempts = greatest(j.max_attempts, j.attempts + 1)
+       max_attempts = greatest(j.max_attempts, j.attempts + $7::int)
   FROM chosen
  WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.id = chosen.id
 RETURNING j.id;

@@ -300,6 +300,12 @@ SELECT count(*) FROM gone;
 -- try's review label is the person's decision on it (released or rejected
 -- with the same attempt number); admin rows (released, rejected, cancelled)
 -- are not tries.
+--
+-- The job's payload is what its latest try saw: a reviewer's edit
+-- (release with a patch) changes it in place. "edits" lists the edits made
+-- at or after this try, newest first, each with the values it replaced, so
+-- the caller (admin.dataset) undoes them and the record holds the input this
+-- try ran on.
 SELECT a.id AS attempt_id, a.job_id, j.kind, j.queue, a.attempt, a.outcome, a.started_at, a.finished_at,
        round((extract(epoch FROM a.finished_at - a.started_at) * 1000)::numeric, 1)::float8 AS latency_ms,
        a.meta ->> 'model' AS model, a.meta ->> 'prompt_version' AS prompt_version,
@@ -315,7 +321,12 @@ SELECT a.id AS attempt_id, a.job_id, j.kind, j.queue, a.attempt, a.outcome, a.st
          WHERE s.job_id = a.job_id AND s.attempt <= a.attempt)::text AS steps,
        r.label, r.worker AS reviewer, r.started_at AS reviewed_at, r.error AS review_note,
        (r.meta -> 'payload_patch')::text AS review_edit,
-       j.replay_of, j.replay_tag
+       j.replay_of, j.replay_tag,
+       (SELECT jsonb_agg(jsonb_build_object('patch', e.meta -> 'payload_patch', 'before', e.meta -> 'payload_before')
+                         ORDER BY e.id DESC)
+          FROM {schema}.attempts AS e
+         WHERE e.job_id = a.job_id AND e.attempt >= a.attempt AND e.outcome = 'released'
+           AND e.meta ? 'payload_patch')::text AS edits
   FROM {schema}.attempts AS a
   JOIN {schema}.jobs AS j ON j.id = a.job_id
   LEFT JOIN LATERAL (

@@ -7,12 +7,15 @@
 -- shows the planner's estimate, which costs no read of the table at all.
 
 -- name: dashboard_queue_counts
--- Pending, running, held and failed jobs per queue, exact, each read from its partial index; with the oldest ready job's age.
+-- Pending, running, held, failed and waiting jobs per queue, exact, each read from an index; with the oldest ready job's age.
 --
 -- One branch per state so that each can use its own partial index: pending
 -- from jobs_ready (index-only: queue and run_after are in it), running from
 -- jobs_lease, held from jobs_held, failed from jobs_failed. A single
 -- "GROUP BY queue, state" would have to read every row of the table.
+-- Waiting has no index of its own: a job waiting for a signal is found
+-- through jobs_wait_key, one waiting for its parents through job_deps (its
+-- edges leave with the child), so neither branch reads the finished history.
 SELECT queue, 'pending' AS state, count(*) AS jobs,
        extract(epoch FROM now() - min(run_after) FILTER (WHERE run_after <= now()))::float8 AS oldest_ready_seconds
   FROM {schema}.jobs
@@ -32,6 +35,15 @@ UNION ALL
 SELECT queue, 'failed', count(*), NULL
   FROM {schema}.jobs
  WHERE state = 'failed'
+ GROUP BY queue
+UNION ALL
+SELECT queue, 'waiting', count(*), NULL
+  FROM (SELECT queue FROM {schema}.jobs
+         WHERE state = 'waiting' AND wait_key IS NOT NULL
+        UNION ALL
+        SELECT j.queue FROM {schema}.jobs AS j
+         WHERE j.id = ANY(ARRAY(SELECT DISTINCT d.child_id FROM {schema}.job_deps AS d))
+           AND j.state = 'waiting' AND j.wait_key IS NULL) AS w
  GROUP BY queue;
 
 -- name: dashboard_table_estimate

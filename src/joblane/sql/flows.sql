@@ -40,11 +40,12 @@ SELECT b.id, b.name, b.on_complete_kind, b.created_at, b.sealed_at, b.finished_a
  LIMIT $2;
 
 -- name: batch_jobs
--- Jobs of batch $1 (state $2, NULL = any), by id, at most $3, with what each waits on.
+-- Jobs of batch $1 (state $2, NULL = any), by id, above id $4 (NULL: from the first; the next page), at most $3, with what each waits on.
 SELECT j.id, j.kind, j.queue, j.state, j.attempts, j.max_attempts, j.last_error, j.wait_key, j.parents_left,
        j.created_at, j.finished_at
   FROM {schema}.jobs AS j
  WHERE j.batch_id = $1 AND ($2::text IS NULL OR j.state = $2)
+   AND ($4::bigint IS NULL OR j.id > $4)
  ORDER BY j.id
  LIMIT $3;
 

@@ -148,6 +148,10 @@ SELECT (SELECT count(*) FROM slices);
 -- The slices rolled up that start at $1 or later: start and length in seconds.
 SELECT start, seconds FROM {schema}.history_slices WHERE start >= $1::timestamptz ORDER BY start;
 
+-- name: history_first_attempt
+-- When the first attempt finished at $1 or later finished (NULL: none did): one probe of attempts_finished.
+SELECT min(finished_at) FROM {schema}.attempts WHERE finished_at >= $1::timestamptz;
+
 -- name: history_counts
 -- Attempts per queue, kind and outcome: the roll-ups of the slices starting at $1 (an array), plus the attempts finished in the ranges [$2[i], $3[i]) that no slice covers.
 SELECT queue, kind, outcome, sum(attempts)::bigint AS attempts
@@ -185,3 +189,41 @@ SELECT queue, measure, bucket, sum(jobs)::bigint AS jobs
          GROUP BY j.queue, m.measure, m.bucket) AS b
  GROUP BY queue, measure, bucket
  ORDER BY queue, measure, bucket;
+
+-- name: history_series
+-- Done and failed attempts per time bucket of $4 seconds (from the epoch), queue and kind: the roll-ups of the slices starting at $1 (an array), plus the attempts finished in the ranges [$2[i], $3[i]) that no slice covers.
+--
+-- A slice counts in the bucket its start falls in (slices never straddle the
+-- buckets the dashboard asks for: hours, or five minutes within the last hours).
+SELECT to_timestamp(floor(extract(epoch FROM c.at) / $4::float8) * $4::float8) AS bucket, c.queue, c.kind,
+       coalesce(sum(c.attempts) FILTER (WHERE c.outcome = 'done'), 0)::bigint AS done,
+       coalesce(sum(c.attempts) FILTER (WHERE c.outcome = 'failed'), 0)::bigint AS failed
+  FROM (SELECT start AS at, queue, kind, outcome, attempts
+          FROM {schema}.history_attempts
+         WHERE start = ANY($1::timestamptz[]) AND outcome IN ('done', 'failed')
+        UNION ALL
+        SELECT a.finished_at, j.queue, j.kind, a.outcome, 1
+          FROM unnest($2::timestamptz[], $3::timestamptz[]) AS r(lo, hi)
+          JOIN {schema}.attempts AS a ON a.finished_at >= r.lo AND a.finished_at < r.hi
+         CROSS JOIN LATERAL (SELECT queue, kind FROM {schema}.jobs WHERE id = a.job_id LIMIT 1) AS j
+         WHERE a.outcome IN ('done', 'failed')) AS c
+ GROUP BY 1, 2, 3
+ ORDER BY 1, 2, 3;
+
+-- name: history_latency_series
+-- Enqueue-to-start latency histogram buckets of first tries per time bucket of $4 seconds and queue: the roll-ups of the slices starting at $1 (an array), plus the attempts finished in the ranges [$2[i], $3[i]) that no slice covers.
+SELECT to_timestamp(floor(extract(epoch FROM b.at) / $4::float8) * $4::float8) AS bucket, b.queue, b.bucket AS latency_bucket,
+       sum(b.jobs)::bigint AS jobs
+  FROM (SELECT start AS at, queue, bucket, jobs
+          FROM {schema}.history_latency
+         WHERE start = ANY($1::timestamptz[]) AND measure = 'start'
+        UNION ALL
+        SELECT a.finished_at, j.queue,
+               greatest(0, floor(2 * ln(greatest(1.0, extract(epoch FROM a.started_at - j.created_at)::float8 * 1000)) / ln(2.0)))::smallint,
+               1
+          FROM unnest($2::timestamptz[], $3::timestamptz[]) AS r(lo, hi)
+          JOIN {schema}.attempts AS a ON a.finished_at >= r.lo AND a.finished_at < r.hi
+         CROSS JOIN LATERAL (SELECT queue, created_at FROM {schema}.jobs WHERE id = a.job_id LIMIT 1) AS j
+         WHERE a.attempt = 1 AND a.started_at IS NOT NULL) AS b
+ GROUP BY 1, 2, 3
+ ORDER BY 1, 2, 3;

@@ -274,6 +274,19 @@ SELECT topic, state, count(*) AS messages,
  GROUP BY topic, state
  ORDER BY topic, state;
 
+-- name: unrouted_outbox
+-- Pending outbox rows whose topic starts with none of the prefixes $1 ('' matches every topic), per topic: how many and the oldest's age, most first, at most $2 topics.
+--
+-- The claim takes only routed topics, so these rows wait until a route
+-- matches them; pending rows are found through outbox_ready.
+SELECT topic, count(*) AS messages, extract(epoch FROM now() - min(created_at))::float8 AS oldest_seconds
+  FROM {schema}.outbox
+ WHERE state = 'pending'
+   AND NOT EXISTS (SELECT 1 FROM unnest($1::text[]) AS p(prefix) WHERE starts_with(topic, p.prefix))
+ GROUP BY topic
+ ORDER BY count(*) DESC, topic
+ LIMIT $2;
+
 -- name: retry_outbox
 -- Failed rows back to pending with $4 more attempts: ids $1, or every failed row whose topic starts with $2 when $1 is NULL and $3.
 UPDATE {schema}.outbox

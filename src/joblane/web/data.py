@@ -20,12 +20,14 @@ from ..types import JOB_STATES
 EXACT_COUNT_BYTES = 16 * 1024 * 1024
 THROUGHPUT_MINUTES = 60
 PAGE_SIZE = 50
+BATCH_PAGE = 500  # a batch page lists its jobs by id, this many at a time
 # The jobs search reads the primary key newest first in slices of this many ids,
 # at most SEARCH_SLICES slices a page: a search no index serves stays bounded.
 SEARCH_SLICE = 20_000
 IN_FLIGHT_STATES = {"pending", "running", "held", "failed"}  # each has its partial index
 SEARCH_SLICES = 10
 HISTORY_WINDOWS = {"1h": 1, "24h": 24, "7d": 7 * 24}  # hours
+HISTORY_KINDS = 12  # the history page charts this many kinds, the busiest
 
 
 class Data:
@@ -299,9 +301,52 @@ class Data:
             latency.append(entry)
         rows = [by_kind[k] for k in sorted(by_kind)]
         totals = {k: sum(r[k] for r in rows) for k in ("done", "failed", "retry", "other", "attempts")}
-        unrolled = sum((min(t, now) - f).total_seconds() for f, t in zip(gaps_from, gaps_to))
+        # What the page read from the attempts: the minutes since the last slice ("the last ..."), and any
+        # other stretch no slice covers, counted from when the history begins (the first slice, or the first
+        # attempt finished in the window): the empty time before it is not a span read from anywhere.
+        [(first_attempt,)] = self._rows(self.app.store.history_first_attempt(since))
+        begins = min([t for t in (starts[0] if starts else None, first_attempt) if t is not None], default=None)
+        trailing = max(0.0, (now - max(gaps_from[-1], begins or now)).total_seconds())
+        earlier = sum(max(0.0, (t - max(f, begins)).total_seconds())
+                      for f, t in zip(gaps_from[:-1], gaps_to[:-1])) if begins else 0.0
         return {"window": window, "since": since, "rows": rows, "totals": totals, "latency": latency,
-                "slices": len(starts), "unrolled_seconds": max(0.0, unrolled)}
+                "slices": len(starts), "unrolled_seconds": trailing, "gap_seconds": earlier,
+                "begins": begins if begins is not None and begins > since else None, "empty": begins is None,
+                **self._history_series(since, now, hours, starts, gaps_from, gaps_to)}
+
+    def _history_series(self, since: dt.datetime, now: dt.datetime, hours: int, starts: list, gaps_from: list,
+                        gaps_to: list) -> dict[str, Any]:
+        """The history over time, a bucket per five minutes (1h) or per hour: done and failed for all queues,
+        per queue and per kind (the most active HISTORY_KINDS kinds), and enqueue-to-start p50/p95 per queue."""
+        step = 300 if hours == 1 else 3600
+        n = int((now - since).total_seconds() // step) + 1
+        times = [since + dt.timedelta(seconds=step * i) for i in range(n)]
+
+        def blank() -> list[dict[str, Any]]:
+            return [{"at": t, "done": 0, "failed": 0} for t in times]
+
+        total, per_queue, per_kind = blank(), {}, {}
+        for at, queue, kind, done, failed in self._rows(self.app.store.history_series(starts, gaps_from, gaps_to,
+                                                                                       step)):
+            i = int((at - since).total_seconds() // step)
+            if not 0 <= i < n:
+                continue
+            for series in (total, per_queue.setdefault(queue, blank()), per_kind.setdefault((queue, kind), blank())):
+                series[i]["done"] += done
+                series[i]["failed"] += failed
+        busiest = sorted(per_kind, key=lambda k: -sum(b["done"] + b["failed"] for b in per_kind[k]))
+        hists: dict[str, list[dict[int, int]]] = {}
+        for at, queue, bucket, jobs in self._rows(self.app.store.history_latency_series(starts, gaps_from, gaps_to,
+                                                                                        step)):
+            i = int((at - since).total_seconds() // step)
+            if 0 <= i < n:
+                hist = hists.setdefault(queue, [{} for _ in times])[i]
+                hist[bucket] = hist.get(bucket, 0) + jobs
+        waits = {queue: [{"at": t, "jobs": sum(h.values()), "p50": percentile(h, 0.50), "p95": percentile(h, 0.95)}
+                         for t, h in zip(times, hs)] for queue, hs in sorted(hists.items())}
+        return {"step": step, "series": total, "series_by_queue": dict(sorted(per_queue.items())),
+                "series_by_kind": {k: per_kind[k] for k in sorted(busiest[:HISTORY_KINDS])},
+                "kinds_left_out": max(0, len(busiest) - HISTORY_KINDS), "waits_by_queue": waits}
 
     # -- batches ------------------------------------------------------------
 
@@ -309,11 +354,15 @@ class Data:
         with self.connection() as conn:
             return self.app.list_batches(conn, before_id=before_id, limit=limit)
 
-    def batch(self, batch_id: int, *, state: str | None = None, limit: int = 500) -> dict[str, Any] | None:
+    def batch(self, batch_id: int, *, state: str | None = None, limit: int = 500,
+              after_id: int | None = None) -> dict[str, Any] | None:
+        """The batch's progress and a page of its jobs by id (``limit``, above ``after_id``); ``more`` when the
+        page does not hold the last of them."""
         with self.connection() as conn:
             found = self.app.batch_progress(batch_id, conn)
             if found is not None:
-                found["jobs"] = self.app.batch_jobs(batch_id, conn, state=state, limit=limit)
+                jobs = self.app.batch_jobs(batch_id, conn, state=state, limit=limit + 1, after_id=after_id)
+                found["jobs"], found["more"] = jobs[:limit], len(jobs) > limit
         return found
 
     # -- outbox -------------------------------------------------------------
@@ -328,6 +377,13 @@ class Data:
             if oldest is not None:
                 t["lag"] = max(t["lag"] or 0.0, float(oldest), 0.0)
         return [topics[t] for t in sorted(topics)]
+
+    def outbox_unrouted(self) -> dict[str, Any]:
+        """Pending messages no route matches (the app's routes and the live relays'), per topic."""
+        with self.connection() as conn:
+            found = admin.unrouted_outbox(self.app, conn)
+        found["by_topic"] = {t["topic"]: t["messages"] for t in found["topics"]}
+        return found
 
     def outbox_retrying(self, *, topic: str | None = None, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
         keys = ("id", "topic", "key", "attempts", "max_attempts", "run_after", "last_error", "created_at")

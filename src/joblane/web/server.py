@@ -28,8 +28,8 @@ from ..errors import JoblaneError
 from ..rules import first_line, format_age, hold_reason, parse_when
 from ..types import JOB_STATES
 from . import actions
-from .charts import throughput_chart
-from .data import HISTORY_WINDOWS, PAGE_SIZE, Data
+from .charts import history_chart, latency_chart, throughput_chart
+from .data import BATCH_PAGE, HISTORY_WINDOWS, PAGE_SIZE, Data
 from .metrics import registry_for, render
 from .security import AUTH_COOKIE, CSRF_COOKIE, CSRF_FIELD, Guard, safe_next
 
@@ -461,17 +461,25 @@ class Dashboard:
         state = request.query_params.get("state") or None
         if state is not None and state not in JOB_STATES:
             raise HTTPException(400, f"unknown state {state!r}: use one of {', '.join(JOB_STATES)}")
-        found = await self.db(lambda: self.data.batch(batch_id, state=state))
+        after = _int_param(request, "after")
+        found = await self.db(lambda: self.data.batch(batch_id, state=state, limit=BATCH_PAGE, after_id=after))
         if found is None:
             raise HTTPException(404, f"no batch {batch_id} in schema {self.app.schema}")
-        return self.render(request, "batch.html", batch=found, state_filter=state, states=JOB_STATES)
+        keep = {"state": state} if state else {}
+        next_url = (f"/batches/{batch_id}?" + urlencode({**keep, "after": found["jobs"][-1]["id"]})
+                    if found["more"] else None)
+        first_url = f"/batches/{batch_id}" + ("?" + urlencode(keep) if keep else "") if after else None
+        # how many jobs the filter matches, from the batch's own counts
+        matching = found[state] if state else found["total"]
+        return self.render(request, "batch.html", batch=found, state_filter=state, states=JOB_STATES,
+                           next_url=next_url, first_url=first_url, matching=matching, batch_page=BATCH_PAGE)
 
     async def outbox(self, request: Request) -> Response:
         before = _int_param(request, "before")
         topic = request.query_params.get("topic") or None
 
         def load() -> dict[str, Any]:
-            return {"topics": self.data.outbox_topics(),
+            return {"topics": self.data.outbox_topics(), "unrouted": self.data.outbox_unrouted(),
                     "retrying": self.data.outbox_retrying(topic=topic),
                     "failed": self.data.outbox_failed(before_id=before, topic=topic, limit=PAGE_SIZE + 1)}
 
@@ -482,7 +490,7 @@ class Dashboard:
         keep = {"topic": topic} if topic else {}
         next_url = ("/outbox?" + urlencode({**keep, "before": failed[-1]["id"]})) if more else None
         return self.render(request, "outbox.html", topics=loaded["topics"], failed=failed, topic=topic,
-                           retrying=loaded["retrying"],
+                           retrying=loaded["retrying"], unrouted=loaded["unrouted"],
                            next_url=next_url)
 
     async def workers_page(self, request: Request) -> Response:
@@ -498,14 +506,29 @@ class Dashboard:
         if window not in HISTORY_WINDOWS:
             raise HTTPException(400, f"unknown window {window!r}: use one of {', '.join(HISTORY_WINDOWS)}")
         history = await self.db(self.data.history, window)
-        return self.render(request, "history.html", h=history, windows=list(HISTORY_WINDOWS))
+        step = history["step"]
+        charts = {
+            "all": history_chart(history["series"], step),
+            # the small ones sit two abreast: half the width, so their labels keep a readable size
+            "queues": {q: history_chart(s, step, width=600, height=130)
+                       for q, s in history["series_by_queue"].items()},
+            "kinds": {k: history_chart(s, step, width=600, height=130)
+                      for k, s in history["series_by_kind"].items()},
+            "waits": {q: latency_chart(s, step) for q, s in history["waits_by_queue"].items()},
+        }
+        return self.render(request, "history.html", h=history, windows=list(HISTORY_WINDOWS), charts=charts)
 
     async def outbox_message(self, request: Request) -> Response:
         message_id = request.path_params["message_id"]
         message = await self.db(self.data.outbox_message, message_id)
         if message is None:
             raise HTTPException(404, f"no outbox message {message_id} in schema {self.app.schema}")
-        return self.render(request, "outbox_message.html", m=message)
+        from ..outbox.routes import DEFAULT_MAX_ATTEMPTS, route_for
+
+        # a row's own budget is set by `outbox retry`; until then its route's applies, as the relay logs it
+        route = route_for(list(self.app.routes), message["topic"])
+        return self.render(request, "outbox_message.html", m=message,
+                           route_max_attempts=route.max_attempts if route else DEFAULT_MAX_ATTEMPTS)
 
     async def bulk_page(self, request: Request) -> Response:
         """What a bulk action would do to every job a search matches: the count, before confirming."""

@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..app import App
 
 log = logging.getLogger("joblane.worker")
+
+CONNECT_TRY_SECONDS = 5.0  # one connection attempt of a starting worker
 _EAGER = sys.version_info >= (3, 12)  # asyncio.Task(eager_start=True)
 
 
@@ -203,10 +205,12 @@ class Worker:
                 # Each claim loop and each completer flush holds a connection while
                 # its statement runs; the services share the rest, and a vacuum
                 # (seconds long) has one of its own.
+                # a server that accepts and never answers fails a try in CONNECT_TRY_SECONDS (asyncpg's own
+                # default, 60 s, would be the whole connect_timeout before a first word)
                 pool = await asyncpg.create_pool(self.app.dsn, min_size=3,
                                                  max_size=4 + self.producer.claimers + (self.vacuumer is not None),
                                                  server_settings={"application_name": self.application_name},
-                                                 reset=store.keep_session, **options)
+                                                 reset=store.keep_session, timeout=CONNECT_TRY_SECONDS, **options)
                 async with pool.acquire() as conn:
                     await check_async(conn, self.app.schema)
                 return pool
@@ -227,7 +231,14 @@ class Worker:
                     raise JoblaneError(f"cannot reach the database after {self.connect_timeout:g}s"
                                        f" ({first_line(exc)}): is DATABASE_URL right and the server up?") from None
                 delay = min(retry_delay(failures, base=0.2, cap=5.0), left)
-                log.warning("database not reachable (%s); retrying in %.1fs", first_line(exc), delay)
+                why = (f"no answer within {CONNECT_TRY_SECONDS:g}s" if isinstance(exc, asyncio.TimeoutError)
+                       else first_line(exc) or type(exc).__name__)
+                if failures == 1:  # the first failure says what to check at once, not when the wait ends
+                    log.error("cannot reach the database (%s): is DATABASE_URL right and the server up? "
+                              "Retrying for up to %gs (--connect-timeout)", why, self.connect_timeout)
+                else:
+                    log.warning("database still not reachable (%s); retrying in %.1fs, giving up in %.0fs",
+                                why, delay, left)
                 await self._sleep(delay)
 
     async def _through_pooler(self) -> bool:
