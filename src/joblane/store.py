@@ -183,11 +183,12 @@ async def through_pooler_async(conn: Any) -> bool:
     return sock is not None and through_pooler(sock.fileno(), tuple(row))
 
 
-async def dsn_through_pooler(dsn: str, application_name: str) -> bool:
+async def dsn_through_pooler(dsn: str, application_name: str, timeout: float = 60.0) -> bool:
     """Whether a new asyncpg connection to ``dsn`` reaches the server through a pooler or proxy (one look)."""
     import asyncpg
 
-    conn = await asyncpg.connect(dsn, statement_cache_size=0, server_settings={"application_name": application_name})
+    conn = await asyncpg.connect(dsn, statement_cache_size=0, server_settings={"application_name": application_name},
+                                 timeout=timeout)
     try:
         return await through_pooler_async(conn)
     finally:

@@ -224,7 +224,8 @@ class Relay:
             # statement is planned for its arguments; elsewhere each connection asks for that when it
             # connects (plan_for_arguments: a generic plan of finish_outbox costs 20x).
             if self.pgbouncer is None:
-                self.pgbouncer = await store.dsn_through_pooler(self.app.dsn, self.application_name)
+                self.pgbouncer = await store.dsn_through_pooler(self.app.dsn, self.application_name,
+                                                                CONNECT_TRY_SECONDS)
                 if self.pgbouncer:
                     self.listen = False
                     log.info(POOLER_FOUND, self.poll_interval)

@@ -248,7 +248,7 @@ class Worker:
         transaction may not get: the claims would fail with "prepared statement does not exist" and
         retry while jobs wait. The same look at the connection's two ends as enqueue's (store.reaches_server).
         """
-        pooled = await store.dsn_through_pooler(self.app.dsn, self.application_name)
+        pooled = await store.dsn_through_pooler(self.app.dsn, self.application_name, CONNECT_TRY_SECONDS)
         if pooled:
             self.listen = False
             log.info(POOLER_FOUND, self.poll_interval)
