@@ -221,7 +221,7 @@ def test_an_upgrade_to_version_10_keeps_every_waiting_job_claimable_in_order(job
             conn.commit()
             [running] = run_sql(conn, app.queries.claim_jobs, [["q0"], 1, "before", 30.0])
             conn.commit()
-            assert migrations.migrate(conn, schema) == [10]
+            assert migrations.migrate(conn, schema, target=10) == [10]
             index = conn.execute("SELECT pg_get_indexdef(to_regclass(%s))", (f"{quote_ident(schema)}.jobs_ready",))
             assert "hashtext(queue)" in index.fetchone()[0]
             expected = conn.execute(

@@ -413,7 +413,8 @@ def resume_queue(app: Any, conn: Any, queue: str) -> bool:
 # -- budgets (spend caps) ----------------------------------------------------------------
 
 _BUDGET_KEYS = ("budget", "queue", "cap", "window_seconds", "key_field", "estimate_field", "default_estimate",
-                "cost_field", "window_start", "window_end", "key", "spent", "in_flight", "waiting")
+                "cost_field", "window_start", "window_end", "cap_source", "declared_cap", "cap_set_at", "key", "spent",
+                "in_flight", "waiting")
 
 
 def _budget_rows(rows: list[tuple]) -> list[dict[str, Any]]:
@@ -421,6 +422,7 @@ def _budget_rows(rows: list[tuple]) -> list[dict[str, Any]]:
     for row in rows:
         item = dict(zip(_BUDGET_KEYS, row))
         item["at_cap"] = item["key"] is not None and item["spent"] + item["in_flight"] >= item["cap"]
+        item["kind"] = "budget"
         out.append(item)
     return out
 
@@ -440,6 +442,20 @@ def set_budget_cap(app: Any, name: str, cap: Any, conn: Any = None) -> bool:
     from .budgets import check_cap
 
     return bool(_rows(app, conn, app.store.set_budget_cap(name, check_cap(cap))))
+
+
+def reset_budget_cap(app: Any, name: str, conn: Any = None) -> float | None:
+    rows = _rows(app, conn, app.store.reset_budget_cap(name))
+    return rows[0][1] if rows else None
+
+
+def describe_cap_source(row: dict[str, Any]) -> str:
+    """Where a budget's cap comes from, in words: declared in code, or set by an operator (and over what)."""
+    if row["cap_source"] != "operator":
+        return "declared in code"
+    if row["declared_cap"] is None:
+        return "set by an operator"
+    return f"set by an operator (declared {row['declared_cap']:g})"
 
 
 def remove_budget(app: Any, name: str, conn: Any = None) -> bool:
