@@ -161,6 +161,9 @@ OLD_TRANSACTION_SECONDS = 300.0
 BUSY_QUEUE_NAPTIME = 15.0
 
 
+AI_DUE_MIN = 10_000  # rows the pruner should have removed before status --health warns
+
+
 def health(app: Any, conn: Any = None) -> dict[str, Any]:
     """Table sizes, dead row versions, last vacuum, the oldest open transaction, and warnings about them."""
     tables = [{"table": t, "bytes": size, "live": live, "dead": dead, "last_vacuum": vacuumed, "vacuums": runs}
@@ -180,8 +183,15 @@ def health(app: Any, conn: Any = None) -> dict[str, Any]:
                             f"vacuum is falling behind{hint}")
     if oldest is not None and oldest > OLD_TRANSACTION_SECONDS:
         warnings.append(f"a transaction has been open for {oldest:.0f}s: no vacuum can reclaim rows it may see")
+    [ai_row] = _rows(app, conn, app.store.ai_table_health())
+    ai = dict(zip(("cache_results", "cache_expired", "cache_lost_claims", "cache_oldest_expiry", "budget_windows",
+                   "budget_windows_ended"), ai_row))
+    due = ai["cache_expired"] + ai["cache_lost_claims"] + ai["budget_windows_ended"]
+    if due >= AI_DUE_MIN:
+        warnings.append(f"{due:,} expired cache rows and ended budget windows wait for the pruner: is a worker "
+                        f"running (its pruner removes them every few seconds)?")
     return {"tables": tables, "autovacuum": autovacuum, "autovacuum_naptime_seconds": naptime,
-            "oldest_transaction_seconds": oldest, "warnings": warnings}
+            "oldest_transaction_seconds": oldest, "ai": ai, "warnings": warnings}
 
 
 # -- workers and relays ----------------------------------------------------------------

@@ -152,6 +152,10 @@ def _health(app: App, as_json: bool) -> None:
     looks = f" (looks every {report['autovacuum_naptime_seconds']:g}s)" if report["autovacuum"] else ""
     console.print(f"autovacuum {'on' if report['autovacuum'] else 'off'}{looks}; oldest open transaction: "
                   f"{rules.format_age(oldest) if oldest is not None else 'none'}")
+    ai = report["ai"]
+    console.print(f"AI tables: step_cache {ai['cache_results']:,} results ({ai['cache_expired']:,} expired, "
+                  f"{ai['cache_lost_claims']:,} lost claims, for the pruner); budget_usage {ai['budget_windows']:,} "
+                  f"windows ({ai['budget_windows_ended']:,} ended, for the pruner)", highlight=False)
     for warning in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 
