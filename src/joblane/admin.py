@@ -71,11 +71,61 @@ def get_job(app: Any, job_id: int, conn: Any = None) -> dict[str, Any] | None:
         for a, w, s, f, o, e, m in store.fetch(conn, app.store.job_attempts(job_id))
     ]
     job["replays"] = [{"id": i, "state": s} for i, s in store.fetch(conn, app.store.job_replays(job_id))]
-    job["waiting_on"] = []  # the budgets whose cap holds this pending job back
+    job["waiting_on"] = []  # what holds this pending job back: its queue's pause, limits at their max, budgets at cap
     if job["state"] == "pending":
-        job["waiting_on"] = [b for b in _budget_rows(store.fetch(conn, app.store.budget_spend(job_id)))
-                             if b["spent"] + b["in_flight"] >= b["cap"]]
+        job["waiting_on"] = _queue_holds(store.fetch(conn, app.store.job_queue_holds(job_id))) + [
+            b for b in _budget_rows(store.fetch(conn, app.store.budget_spend(job_id)))
+            if b["spent"] + b["in_flight"] >= b["cap"]]
+        for hold in job["waiting_on"]:
+            hold["text"] = describe_hold(hold)
     return job
+
+
+_HOLD_KEYS = ("paused_until", "pause_reason", "max_starts", "starts_interval", "concurrency", "max_cost",
+              "cost_interval", "per_key", "key_field", "key", "starts", "running", "key_running", "cost", "estimate")
+
+
+def _queue_holds(rows: list[tuple]) -> list[dict[str, Any]]:
+    """The pause and the limits at their max that hold a pending job back (job_queue_holds), one dict each."""
+    if not rows:
+        return []
+    r = dict(zip(_HOLD_KEYS, rows[0]))
+    holds: list[dict[str, Any]] = []
+    if r["paused_until"] is not None:
+        holds.append({"kind": "pause", "until": r["paused_until"], "reason": r["pause_reason"]})
+    if r["max_starts"] is not None and r["starts"] >= r["max_starts"]:
+        holds.append({"kind": "limit", "limit": "rate", "used": r["starts"], "max": r["max_starts"],
+                      "window_seconds": r["starts_interval"]})
+    if r["concurrency"] is not None and r["running"] >= r["concurrency"]:
+        holds.append({"kind": "limit", "limit": "concurrency", "used": r["running"], "max": r["concurrency"]})
+    if r["per_key"] is not None and r["key_running"] >= r["per_key"]:
+        holds.append({"kind": "limit", "limit": "per_key", "key_field": r["key_field"], "key": r["key"],
+                      "used": r["key_running"], "max": r["per_key"]})
+    if r["max_cost"] is not None and r["cost"] > 0 and r["cost"] + r["estimate"] > r["max_cost"]:
+        holds.append({"kind": "limit", "limit": "tokens", "used": r["cost"], "max": r["max_cost"],
+                      "estimate": r["estimate"], "window_seconds": r["cost_interval"]})
+    return holds
+
+
+def describe_hold(hold: dict[str, Any]) -> str:
+    """One line for what holds a pending job back (an entry of get_job's ``waiting_on``)."""
+    from .rules import format_span
+
+    if hold["kind"] == "pause":
+        return f"queue paused until {hold['until']:%Y-%m-%d %H:%M:%S %Z}: {hold['reason'] or 'paused'}"
+    if hold["kind"] == "budget":
+        return (f"budget {hold['budget']}: {hold['key'] or 'the queue'} spent {hold['spent'] + hold['in_flight']:g}"
+                f" of {hold['cap']:g} (in flight {hold['in_flight']:g}; cap {describe_cap_source(hold)})"
+                f" until {hold['window_end']:%Y-%m-%d %H:%M:%S %Z}")
+    limit = hold["limit"]
+    if limit == "rate":
+        return f"rate limit: {hold['used']} of {hold['max']} starts per {format_span(hold['window_seconds'])} used"
+    if limit == "concurrency":
+        return f"concurrency limit: {hold['used']} of {hold['max']} running"
+    if limit == "per_key":
+        return f"per-key limit: {hold['key_field']}={hold['key']} has {hold['used']} of {hold['max']} running"
+    return (f"weighted limit: {hold['used']:g} of {hold['max']:g} per {format_span(hold['window_seconds'])} used,"
+            f" this job needs {hold['estimate']:g}")
 
 
 # The states each bulk action takes jobs from; the guarded statements check them again.

@@ -129,7 +129,10 @@ class App:
         and the attempts rows of earlier tries) and writes no attempts row,
         so its result, its meta and the job itself cannot be read, counted,
         exported or replayed afterwards. Every other outcome (retry, snooze,
-        hold, failure, a lost worker) is written as for any task.
+        hold, failure, a lost worker) is written as for any task. What a
+        lean try recorded as its cost (``job.record(cost=...)``,
+        ``job.settle(...)``) still counts, at that cost, against its queue's
+        budgets and weighted limit.
         """
         if max_attempts is not None and max_attempts < 1:
             raise JoblaneError("max_attempts must be at least 1")

@@ -569,6 +569,9 @@ class Store:
     def queue_limits_status(self) -> Statement:
         return self._s("queue_limits_status")
 
+    def job_queue_holds(self, job_id) -> Statement:
+        return self._s("job_queue_holds", job_id)
+
     # -- ai.sql: budgets, cached steps, the dataset export, replay comparisons ---
 
     def declare_budget(self, name, queue, cap, window_seconds, key_path, estimate_path, default_estimate,
@@ -596,8 +599,8 @@ class Store:
     def budget_spend(self, job_id) -> Statement:
         return self._s("budget_spend", job_id)
 
-    def settle_lean_holds(self, document) -> Statement:
-        return self._s("settle_lean_holds", document)
+    def settle_lean_costs(self, document) -> Statement:
+        return self._s("settle_lean_costs", document)
 
     def prune_budget_usage(self, limit) -> Statement:
         return self._s("prune_budget_usage", limit)

@@ -223,9 +223,7 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     if job.get("replays"):
         table.add_row("replayed by", ", ".join(f"{r['id']} ({r['state']})" for r in job["replays"]))
     for b in job.get("waiting_on") or ():
-        table.add_row("waiting on", escape(
-            f"budget {b['budget']}: {b['key'] or 'the queue'} spent {b['spent'] + b['in_flight']:g} of"
-            f" {b['cap']:g} (in flight {b['in_flight']:g}) until {show_time(b['window_end'])}"))
+        table.add_row("waiting on", escape(b["text"]))
     print_table(table)
     if job["attempt_rows"]:
         at = Table(title="attempts")

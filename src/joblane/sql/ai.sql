@@ -158,13 +158,19 @@ SELECT b.name, b.queue, b.cap, b.window_seconds, array_to_string(b.key_path, '.'
  WHERE $1::bigint IS NULL OR p.key = coalesce((SELECT payload FROM job) #>> b.key_path, '')
  ORDER BY b.name, p.key;
 
--- name: settle_lean_holds
--- Note on the budget holds of lean successes what each try cost (a JSON array of {id, attempt, meta}), read with each budget's cost field like the fold; before delete_done.
+-- name: settle_lean_costs
+-- Note what the lean successes $1 (a JSON array of {id, attempt, meta}) cost on their budget holds (each budget's cost field, else job.settle's amount) and their queue_starts rows (job.settle's amount); before delete_done.
 --
--- A lean success writes no attempts row, where the fold reads a try's cost;
--- without this note the fold would count its estimate.
+-- A lean success writes no attempts row, where the fold and the limited
+-- claim read a try's cost; without this note both would count its estimate.
+-- queue_starts holds the starts of one window per limited queue.
 WITH o AS (
     SELECT * FROM jsonb_to_recordset($1::text::jsonb) AS o(id bigint, attempt int, meta jsonb)
+), starts AS (
+    UPDATE {schema}.queue_starts AS s
+       SET cost = greatest(0, (o.meta ->> 'settled_cost')::float8)
+      FROM o
+     WHERE s.job_id = o.id AND s.attempt = o.attempt AND jsonb_typeof(o.meta -> 'settled_cost') = 'number'
 )
 UPDATE {schema}.budget_holds AS h
    SET cost = CASE WHEN jsonb_typeof(o.meta -> b.cost_field) = 'number'

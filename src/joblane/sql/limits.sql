@@ -300,3 +300,35 @@ SELECT q.queue, l.max_starts, l.starts_interval, l.concurrency, l.max_cost, l.co
   LEFT JOIN {schema}.queue_limits AS l ON l.queue = q.queue
   LEFT JOIN {schema}.queue_pauses AS p ON p.queue = q.queue AND p.until > now()
  ORDER BY q.queue;
+
+-- name: job_queue_holds
+-- What of pending job $1's queue may hold it back: the pause (until, reason) and each limit beside what is in use now (starts and cost in their windows, running, running of the job's key, the job's estimate).
+WITH job AS (
+    SELECT j.queue, j.payload FROM {schema}.jobs AS j WHERE j.id = $1 AND j.state = 'pending'
+)
+SELECT p.until AS paused_until, p.reason AS pause_reason,
+       l.max_starts, l.starts_interval, l.concurrency, l.max_cost, l.cost_interval, l.per_key,
+       array_to_string(l.key_path, '.') AS key_field, job.payload #>> l.key_path AS key,
+       CASE WHEN l.max_starts IS NOT NULL THEN
+           (SELECT count(*) FROM {schema}.queue_starts AS s
+             WHERE s.queue = job.queue AND s.started_at > now() - make_interval(secs => l.starts_interval)) END AS starts,
+       CASE WHEN l.concurrency IS NOT NULL THEN
+           (SELECT count(*) FROM {schema}.jobs AS r WHERE r.state = 'running' AND r.queue = job.queue) END AS running,
+       CASE WHEN l.per_key IS NOT NULL THEN
+           (SELECT count(*) FROM {schema}.jobs AS r
+             WHERE r.state = 'running' AND r.queue = job.queue
+               AND r.payload #>> l.key_path = job.payload #>> l.key_path) END AS key_running,
+       CASE WHEN l.max_cost IS NOT NULL THEN
+           (SELECT coalesce(sum(coalesce(
+                       (SELECT greatest(0, (a.meta->>'settled_cost')::float8)
+                          FROM {schema}.attempts AS a
+                         WHERE a.job_id = s.job_id AND a.attempt = s.attempt
+                           AND jsonb_typeof(a.meta->'settled_cost') = 'number'
+                         LIMIT 1), s.cost)), 0)
+              FROM {schema}.queue_starts AS s
+             WHERE s.queue = job.queue AND s.started_at > now() - make_interval(secs => l.cost_interval)) END AS cost,
+       CASE WHEN jsonb_typeof(job.payload #> l.cost_path) = 'number'
+            THEN greatest(0, (job.payload #>> l.cost_path)::float8) ELSE l.default_cost END AS estimate
+  FROM job
+  LEFT JOIN {schema}.queue_limits AS l ON l.queue = job.queue
+  LEFT JOIN {schema}.queue_pauses AS p ON p.queue = job.queue AND p.until > now();
