@@ -31,10 +31,11 @@ def test_three_workers_keep_every_window_and_cap_through_a_sigkill_and_finish_ev
     workers = [spawn_worker(APP, app.schema, *args, env=env) for _ in range(3)]
 
     # SIGKILL a worker while it runs a job; a fresh one takes its place
-    busy = wait_until(lambda: rows(conn, app, "SELECT worker FROM {jobs} WHERE state = 'running' LIMIT 1"),
-                      timeout=60, message="a worker running a job")
-    pid = int(busy[0]["worker"].split(":")[1])  # worker names are host:pid:suffix
-    victim = next(w for w in workers if w.proc.pid == pid)
+    def a_run() -> list[dict]:
+        return [json.loads(line) for line in runs.read_text().splitlines()] if runs.exists() else []
+
+    first = wait_until(a_run, timeout=60, message="a task started")[0]  # its call takes a second
+    victim = next(w for w in workers if w.proc.pid == first["pid"])
     victim.kill()
     killed_at = time.time()
     workers = [w for w in workers if w is not victim] + [spawn_worker(APP, app.schema, *args, env=env)]
@@ -75,8 +76,10 @@ def test_three_workers_keep_every_window_and_cap_through_a_sigkill_and_finish_ev
     assert sorted(finished) == sorted(ids) and set(finished.values()) == {1}, finished
     cut = [s for s in starts if (s["job"], s["attempt"], s["pid"]) not in ends]
     assert cut and {s["pid"] for s in cut} == {victim.proc.pid}  # only the killed worker's runs were cut short
-    lost = rows(conn, app, "SELECT count(*) AS n FROM {attempts} WHERE outcome = 'lost'")[0]["n"]
-    assert lost >= len(cut)
+    outcomes = {(r["job_id"], r["attempt"]): r["outcome"]
+                for r in rows(conn, app, "SELECT job_id, attempt, outcome FROM {attempts}")}
+    assert all(outcomes.get((s["job"], s["attempt"])) == "lost" for s in cut)  # each cut run is a lost try
+    assert {(s["job"], s["attempt"]) for s in starts} <= set(outcomes)  # every run has its try
 
     # the start rate: no window of a minute holds more than 12 starts (0.2 s off the window for the time
     # between the claim, counted in the database, and the task's own start); there were more starts than
@@ -108,7 +111,7 @@ def test_three_workers_keep_every_window_and_cap_through_a_sigkill_and_finish_ev
         assert sum(tries) <= CAP + ESTIMATE + len(tries) * (cost - ESTIMATE) + 1e-9, (tenant, tries)
 
     # the ledger agrees with the tries: every try counted once, at what it recorded, a lost one at its
-    # estimate; and every run outside the database has its try (the holds of the last tries are folded by
+    # estimate (the holds of the last tries are folded by
     # the next claim; fold them here)
     from joblane import store
 
@@ -120,6 +123,5 @@ def test_three_workers_keep_every_window_and_cap_through_a_sigkill_and_finish_ev
                             " sum(coalesce((a.meta->>'cost')::float8, %s)) AS cost"
                             " FROM {attempts} a JOIN {jobs} j ON j.id = a.job_id GROUP BY 1", (ESTIMATE,))
     for t in tries:
-        assert t["n"] == sum(1 for s in starts if s["tenant"] == t["tenant"])
         assert ledger[t["tenant"]]["tries"] == t["n"]
         assert abs(ledger[t["tenant"]]["spent"] - t["cost"]) < 1e-9, (t, ledger[t["tenant"]])
