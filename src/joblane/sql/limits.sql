@@ -176,7 +176,8 @@ WITH lim AS MATERIALIZED (
      GROUP BY 1
 ), candidates AS (
     -- walks jobs_ready like claim_jobs, passing over the keys at a budget's cap; deeper when per-key
-    -- fairness or a cap reached within this claim may pass over more of them
+    -- fairness may pass over the jobs of keys at their limit (a key that reaches its cap within this
+    -- claim leaves the claim short: the next one passes over it from the start)
     SELECT j.id, j.priority, j.run_after, j.payload,
            CASE WHEN b.key_path IS NOT NULL THEN j.payload #>> b.key_path END AS key,
            CASE WHEN b.max_cost IS NULL THEN 0
@@ -189,9 +190,10 @@ WITH lim AS MATERIALIZED (
               FROM {schema}.jobs AS c
              WHERE c.state = 'pending' AND hashtext(c.queue) = hashtext($1) AND c.queue = $1
                AND c.run_after <= now()
-               AND NOT EXISTS (SELECT 1 FROM blocked AS x WHERE coalesce(c.payload #>> x.key_path, '') = x.key)
+               AND (NOT b.budgeted
+                    OR NOT EXISTS (SELECT 1 FROM blocked AS x WHERE coalesce(c.payload #>> x.key_path, '') = x.key))
              ORDER BY c.priority, c.run_after, c.id
-             LIMIT CASE WHEN b.per_key IS NULL AND NOT b.budgeted THEN b.room ELSE greatest(b.room * 20, 500) END
+             LIMIT CASE WHEN b.per_key IS NULL THEN b.room ELSE greatest(b.room * 20, 500) END
            ) AS j
      WHERE b.room > 0
 ), keyed AS MATERIALIZED (
