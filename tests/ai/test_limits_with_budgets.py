@@ -128,3 +128,50 @@ async def test_a_lean_try_counts_what_it_cost_against_the_cap_and_the_token_wind
     starts = rows(conn, app, "SELECT cost FROM {queue_starts} WHERE queue = 'lean-q' ORDER BY started_at")
     assert [s["cost"] for s in starts][:4] == [300.0] * 4  # the tokens settled, not the 1000 estimated
     assert cli_json(app, "limits")[0]["cost"] == pytest.approx(1200.0)
+
+
+def _claim(conn, app, n: int = 10) -> list[int]:
+    """One claim of queue openai as a worker makes it: the queue's lock, the fold, the limited claim."""
+    from joblane import store
+    from joblane.migrations import lock_key
+
+    with conn.transaction():
+        store.fetch(conn, app.store.lock_queue_claims(lock_key(app.schema, "claim:openai")))
+        store.fetch(conn, app.store.fold_budget_holds("openai"))
+        claimed = store.fetch(conn, app.store.claim_jobs_limited("openai", n, "w", 30.0))
+    return [r[0] for r in claimed if r[0] is not None]
+
+
+def test_one_claim_takes_per_key_fairness_concurrency_and_the_caps_together(app, conn):
+    from joblane import admin
+
+    app.limit("openai", concurrency=3, key="tenant", per_key=2)
+    app.budget("openai-daily", queue="openai", per_day=0.25, key="tenant")
+    admin.save_limit(app, app.rate_limits["openai"])
+    admin.save_budget(app, app.budgets["openai-daily"])
+    a = app.enqueue_many(conn, [JobSpec("chat", {"tenant": "a", "estimated_cost": 0.1}, queue="openai")
+                                for _ in range(4)])
+    b = app.enqueue_many(conn, [JobSpec("chat", {"tenant": "b", "estimated_cost": 0.1}, queue="openai")
+                                for _ in range(4)])
+    rows(conn, app, "INSERT INTO {budget_usage} (budget, key, window_start, spent, tries)"
+                    " VALUES ('openai-daily', 'a', date_trunc('day', now(), 'UTC'), 0.1, 1) RETURNING key")
+
+    # at most 2 per key and 3 in all: a1 (a has spent 0.1), a2 (0.1 spent and 0.1 in flight: below 0.25),
+    # then b1; a3 would be a's third running
+    assert _claim(conn, app) == [a[0], a[1], b[0]]
+    assert _claim(conn, app) == []  # three running: concurrency holds everything
+    holds = rows(conn, app, "SELECT key, count(*) AS n, sum(estimate) AS estimate FROM {budget_holds} GROUP BY key"
+                            " ORDER BY key")
+    assert holds == [{"key": "a", "n": 2, "estimate": pytest.approx(0.2)}, {"key": "b", "n": 1, "estimate": 0.1}]
+
+    # a1 finishes at a cost of 0.1: a has 0.1 + 0.1 settled and 0.1 in flight, at its cap of 0.25;
+    # the slot a1 freed goes to b2, passing over a's jobs
+    rows(conn, app, "UPDATE {jobs} SET state = 'done', worker = NULL, finished_at = now() WHERE id = %s"
+                    " RETURNING id", (a[0],))
+    rows(conn, app, "INSERT INTO {attempts} (job_id, attempt, worker, started_at, finished_at, outcome, meta)"
+                    " VALUES (%s, 1, 'w', now(), now(), 'done', '{{\"cost\": 0.1}}') RETURNING job_id", (a[0],))
+    assert _claim(conn, app) == [b[1]]
+    waiting = app.get_job(a[2])["waiting_on"]
+    assert [(w["kind"], w.get("limit")) for w in waiting] == [("limit", "concurrency"), ("budget", None)]
+    assert waiting[1]["key"] == "a" and waiting[1]["spent"] == pytest.approx(0.2)
+    assert waiting[1]["in_flight"] == pytest.approx(0.1)
