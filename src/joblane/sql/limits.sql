@@ -178,7 +178,8 @@ WITH lim AS MATERIALIZED (
     -- walks jobs_ready like claim_jobs, passing over the keys at a budget's cap; deeper when per-key
     -- fairness may pass over the jobs of keys at their limit (a key that reaches its cap within this
     -- claim leaves the claim short: the next one passes over it from the start)
-    SELECT j.id, j.priority, j.run_after, j.payload,
+    SELECT j.id, j.priority, j.run_after,
+           CASE WHEN b.budgeted THEN j.payload END AS payload,  -- carried on only for the caps
            CASE WHEN b.key_path IS NOT NULL THEN j.payload #>> b.key_path END AS key,
            CASE WHEN b.max_cost IS NULL THEN 0
                 WHEN jsonb_typeof(j.payload #> b.cost_path) = 'number'
