@@ -111,7 +111,11 @@ def budgets_reset(ctx: click.Context, name, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def budgets_clear(ctx: click.Context, name, as_json: bool) -> None:
-    """Remove budget NAME with its spend records."""
+    """Remove budget NAME with its spend records.
+
+    A budget an app declares comes back at the next worker start, at its declared cap; to drop only the
+    cap an operator set and keep the spend, use `joblane budgets reset NAME`.
+    """
     app = app_from_context(ctx)
     if not run_or_fail(lambda: admin.remove_budget(app, name)):
         raise Fail(f"no budget {name!r} (see `joblane budgets`)")
