@@ -17,7 +17,8 @@ def _fabricate(conn, app) -> None:
         ("done-expired-long-ago", "done", "now() - interval '30 days'", "NULL"),
         ("done-live", "done", "now() + interval '1 day'", "NULL"),
         ("done-forever", "done", "'infinity'", "NULL"),
-        ("claim-ran-out", "running", "NULL", "now() - interval '1 minute'"),  # its job died
+        ("claim-ran-out", "running", "NULL", "now() - interval '2 hours'"),  # its job died
+        ("claim-ran-out-lately", "running", "NULL", "now() - interval '1 minute'"),  # its slow call may fill it
         ("claim-live", "running", "NULL", "now() + interval '2 minutes'"),  # a call in progress
     ]
     for key, state, expires, claimed in cache:
@@ -65,7 +66,7 @@ async def test_the_pruner_removes_expired_cache_rows_and_ended_budget_windows_an
     assert pruner.cache_pruned == 3 and pruner.budget_windows_pruned == 4
 
     left = {r["key"] for r in rows(conn, app, "SELECT key FROM {step_cache}")}
-    assert left == {"done-live", "done-forever", "claim-live"}
+    assert left == {"done-live", "done-forever", "claim-live", "claim-ran-out-lately"}
     kept = rows(conn, app, "SELECT budget, key, window_start = CASE WHEN budget = 'daily'"
                            " THEN date_trunc('day', now(), 'UTC') ELSE date_trunc('hour', now(), 'UTC') END AS current"
                            " FROM {budget_usage} ORDER BY budget")

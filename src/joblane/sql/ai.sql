@@ -208,7 +208,10 @@ WITH b AS (
 SELECT count(*) FROM gone;
 
 -- name: prune_step_cache
--- Delete up to $1 cached results past their expiry and claims on a key that ran out (their job died); returns how many.
+-- Delete up to $1 cached results past their expiry and claims on a key that ran out an hour ago or more (their job died); returns how many.
+--
+-- A claim that ran out may still be filled by its job (a call slower than
+-- the claim), unless another job took the key over: it is left an hour.
 WITH doomed AS (
     (SELECT key FROM {schema}.step_cache
       WHERE state = 'done' AND expires_at <= now()
@@ -216,14 +219,15 @@ WITH doomed AS (
       LIMIT $1)
     UNION ALL
     (SELECT key FROM {schema}.step_cache
-      WHERE state = 'running' AND claimed_until <= now()
+      WHERE state = 'running' AND claimed_until <= now() - interval '1 hour'
       ORDER BY claimed_until
       LIMIT $1)
 ), gone AS (
     -- the conditions again: a key claimed or filled anew meanwhile stays
     DELETE FROM {schema}.step_cache AS c
      WHERE c.key = ANY(ARRAY(SELECT key FROM doomed))
-       AND ((c.state = 'done' AND c.expires_at <= now()) OR (c.state = 'running' AND c.claimed_until <= now()))
+       AND ((c.state = 'done' AND c.expires_at <= now())
+            OR (c.state = 'running' AND c.claimed_until <= now() - interval '1 hour'))
     RETURNING 1
 )
 SELECT count(*) FROM gone;
@@ -232,7 +236,8 @@ SELECT count(*) FROM gone;
 -- What the pruner has left in the AI tables: cached results (expired among them) and claims, budget windows (ended among them).
 SELECT (SELECT count(*) FROM {schema}.step_cache WHERE state = 'done') AS cache_results,
        (SELECT count(*) FROM {schema}.step_cache WHERE state = 'done' AND expires_at <= now()) AS cache_expired,
-       (SELECT count(*) FROM {schema}.step_cache WHERE state = 'running' AND claimed_until <= now()) AS cache_lost_claims,
+       (SELECT count(*) FROM {schema}.step_cache
+         WHERE state = 'running' AND claimed_until <= now() - interval '1 hour') AS cache_lost_claims,
        (SELECT min(expires_at) FROM {schema}.step_cache WHERE state = 'done') AS cache_oldest_expiry,
        (SELECT count(*) FROM {schema}.budget_usage) AS budget_windows,
        (SELECT count(*)
