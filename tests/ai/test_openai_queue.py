@@ -81,12 +81,13 @@ def test_three_workers_keep_every_window_and_cap_through_a_sigkill_and_finish_ev
     assert all(outcomes.get((s["job"], s["attempt"])) == "lost" for s in cut)  # each cut run is a lost try
     assert {(s["job"], s["attempt"]) for s in starts} <= set(outcomes)  # every run has its try
 
-    # the start rate: no window of a minute holds more than 12 starts (0.2 s off the window for the time
-    # between the claim, counted in the database, and the task's own start); there were more starts than
-    # one minute allows, so the rate did hold some back
+    # the start rate: no window of a minute holds more than 12 starts (a second off the window for the time
+    # between the claim, counted in the database, and the task's own start, on a busy machine); there were
+    # more starts than one minute allows, so the rate did hold some back
     times = [s["t"] for s in starts]
     assert len(times) > PER_MINUTE
-    assert _most_in_window(times, 59.8) <= PER_MINUTE, sorted(t - min(times) for t in times)
+    assert _most_in_window(times, 59.0) <= PER_MINUTE, sorted(t - min(times) for t in times)
+    assert max(times) - min(times) >= 59.0
 
     # concurrency and per-key fairness: a run spans its start to its end (or the kill)
     def span(s: dict) -> tuple[float, float]:
