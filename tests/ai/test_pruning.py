@@ -54,6 +54,13 @@ async def test_the_pruner_removes_expired_cache_rows_and_ended_budget_windows_an
     assert "AI tables: step_cache 4 results (2 expired, 1 lost claims, for the pruner); budget_usage 6 windows" \
            " (4 ended, for the pruner)" in " ".join(line.split()), line
 
+    from .helpers import dashboard
+
+    with dashboard(app) as web:
+        metrics = web.get("/metrics").text
+    assert 'joblane_ai_rows{state="due",table="step_cache"} 3.0' in metrics, metrics
+    assert 'joblane_ai_rows{state="due",table="budget_usage"} 4.0' in metrics
+
     pruner = Pruner(app.store, interval=1, batch=2)  # batches of 2: a full batch means more to do
     c = await asyncpg.connect(joblane_dsn)
     try:

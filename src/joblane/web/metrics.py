@@ -159,6 +159,14 @@ class JoblaneCollector(Collector):
         yield GaugeMetricFamily("joblane_oldest_transaction_seconds",
                                 "Age of the database's oldest open transaction (it holds back every vacuum).",
                                 value=health["oldest_transaction_seconds"] or 0.0)
+        ai = GaugeMetricFamily(
+            "joblane_ai_rows", "Rows of step_cache and budget_usage: live, and due for the worker's pruner (expired"
+            " results, claims that ran out an hour ago, ended budget windows).", labels=["table", "state"])
+        ai.add_metric(["step_cache", "live"], health["ai"]["cache_results"] - health["ai"]["cache_expired"])
+        ai.add_metric(["step_cache", "due"], health["ai"]["cache_expired"] + health["ai"]["cache_lost_claims"])
+        ai.add_metric(["budget_usage", "live"], health["ai"]["budget_windows"] - health["ai"]["budget_windows_ended"])
+        ai.add_metric(["budget_usage", "due"], health["ai"]["budget_windows_ended"])
+        yield ai
         yield GaugeMetricFamily("joblane_health_warnings",
                                 "Warnings of `joblane status --health` (autovacuum off or behind, old transactions).",
                                 value=len(health["warnings"]))
