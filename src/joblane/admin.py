@@ -235,10 +235,10 @@ def health(app: Any, conn: Any = None) -> dict[str, Any]:
         warnings.append(f"a transaction has been open for {oldest:.0f}s: no vacuum can reclaim rows it may see")
     [ai_row] = _rows(app, conn, app.store.ai_table_health())
     ai = dict(zip(("cache_results", "cache_expired", "cache_lost_claims", "cache_oldest_expiry", "budget_windows",
-                   "budget_windows_ended"), ai_row))
-    due = ai["cache_expired"] + ai["cache_lost_claims"] + ai["budget_windows_ended"]
+                   "budget_windows_due"), ai_row))
+    due = ai["cache_expired"] + ai["cache_lost_claims"] + ai["budget_windows_due"]
     if due >= AI_DUE_MIN:
-        warnings.append(f"{due:,} expired cache rows and ended budget windows wait for the pruner: is a worker "
+        warnings.append(f"{due:,} expired cache rows and old budget windows wait for the pruner: is a worker "
                         f"running (its pruner removes them every few seconds)?")
     return {"tables": tables, "autovacuum": autovacuum, "autovacuum_naptime_seconds": naptime,
             "oldest_transaction_seconds": oldest, "ai": ai, "warnings": warnings}

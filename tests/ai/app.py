@@ -11,7 +11,8 @@ import joblane
 
 app = joblane.App(lease_seconds=10)
 
-# at most 0.5 per tenant per 2-second window, all workers together
+# at most 0.5 per tenant per 2-second window, all workers together (the daily budget below keeps the pruner
+# from removing ended 2-second windows for a day: test_budgets reads them all)
 app.budget("spend", queue="metered", cap=0.5, window="2s", key="tenant", estimate="estimated_cost")
 
 

@@ -31,13 +31,16 @@ def _fabricate(conn, app) -> None:
 
     for budget in app.budgets.values():
         admin.save_budget(app, budget)
-    usage = [
-        ("daily", "date_trunc('day', now(), 'UTC')", "acme"),  # the current day: live
-        ("daily", "date_trunc('day', now(), 'UTC') - interval '1 day'", "acme"),  # yesterday: ended
+    usage = [  # the longest window in use is a day: a window is kept a day after it ended
+        ("daily", "date_trunc('day', now(), 'UTC')", "acme"),  # the current day
+        ("daily", "date_trunc('day', now(), 'UTC') - interval '1 day'", "acme"),  # yesterday: kept beside today
+        ("daily", "date_trunc('day', now(), 'UTC') - interval '3 days'", "acme"),  # ended two days ago
         ("daily", "date_trunc('day', now(), 'UTC') - interval '40 days'", "globex"),
-        ("hourly", "date_trunc('hour', now(), 'UTC')", "acme"),  # the current hour: live
-        ("hourly", "date_trunc('hour', now(), 'UTC') - interval '1 hour'", "acme"),  # ended
-        ("gone", "date_trunc('day', now(), 'UTC')", "acme"),  # a budget removed without its spend
+        ("hourly", "date_trunc('hour', now(), 'UTC')", "acme"),  # the current hour
+        ("hourly", "date_trunc('hour', now(), 'UTC') - interval '1 hour'", "acme"),  # ended within the day
+        ("hourly", "date_trunc('hour', now(), 'UTC') - interval '30 hours'", "acme"),  # ended a day ago and more
+        ("gone", "now() - interval '2 hours'", "acme"),  # a budget removed without its spend: kept a day
+        ("gone", "date_trunc('day', now(), 'UTC') - interval '40 days'", "acme"),
     ]
     for budget, start, key in usage:
         rows(conn, app, f"INSERT INTO {{budget_usage}} (budget, key, window_start, spent, tries)"
@@ -49,10 +52,10 @@ async def test_the_pruner_removes_expired_cache_rows_and_ended_budget_windows_an
     _fabricate(conn, app)
     health = cli_json(app, "status", "--health")["ai"]
     assert health["cache_expired"] == 2 and health["cache_lost_claims"] == 1 and health["cache_results"] == 4
-    assert health["budget_windows"] == 6 and health["budget_windows_ended"] == 4
+    assert health["budget_windows"] == 9 and health["budget_windows_due"] == 4
     line = run_cli(app, "status", "--health").stdout
-    assert "AI tables: step_cache 4 results (2 expired, 1 lost claims, for the pruner); budget_usage 6 windows" \
-           " (4 ended, for the pruner)" in " ".join(line.split()), line
+    assert "AI tables: step_cache 4 results (2 expired, 1 lost claims, for the pruner); budget_usage 9 windows" \
+           " (4 past the longest window, for the pruner)" in " ".join(line.split()), line
 
     from .helpers import dashboard
 
@@ -74,13 +77,22 @@ async def test_the_pruner_removes_expired_cache_rows_and_ended_budget_windows_an
 
     left = {r["key"] for r in rows(conn, app, "SELECT key FROM {step_cache}")}
     assert left == {"done-live", "done-forever", "claim-live", "claim-ran-out-lately"}
-    kept = rows(conn, app, "SELECT budget, key, window_start = CASE WHEN budget = 'daily'"
-                           " THEN date_trunc('day', now(), 'UTC') ELSE date_trunc('hour', now(), 'UTC') END AS current"
-                           " FROM {budget_usage} ORDER BY budget")
-    assert kept == [{"budget": "daily", "key": "acme", "current": True},
-                    {"budget": "hourly", "key": "acme", "current": True}]
+    kept = rows(conn, app, "SELECT budget, extract(epoch FROM now() - window_start) / 3600 < 48 AS recent"
+                           " FROM {budget_usage} ORDER BY budget, window_start")
+    assert [k["budget"] for k in kept] == ["daily", "daily", "gone", "hourly", "hourly"]
+    assert all(k["recent"] for k in kept)
     health = cli_json(app, "status", "--health")["ai"]
-    assert (health["cache_expired"], health["cache_lost_claims"], health["budget_windows_ended"]) == (0, 0, 0)
+    assert (health["cache_expired"], health["cache_lost_claims"], health["budget_windows_due"]) == (0, 0, 0)
     # the spend of the current windows is untouched: `joblane budgets` still reads it
     spend = {(b["budget"], b["key"]): b["spent"] for b in app.budget_status()}
     assert spend == {("daily", "acme"): 1.0, ("hourly", "acme"): 1.0}
+
+    # with the daily budget gone, the longest window is an hour: the orphan of two hours ago goes too
+    assert run_cli(app, "budgets", "clear", "daily").exit_code == 0
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        await pruner.run_once(c)
+    finally:
+        await c.close()
+    left = rows(conn, app, "SELECT budget FROM {budget_usage} ORDER BY budget, window_start")
+    assert [r["budget"] for r in left] == ["hourly", "hourly"], left

@@ -155,7 +155,7 @@ def _health(app: App, as_json: bool) -> None:
     ai = report["ai"]
     console.print(f"AI tables: step_cache {ai['cache_results']:,} results ({ai['cache_expired']:,} expired, "
                   f"{ai['cache_lost_claims']:,} lost claims, for the pruner); budget_usage {ai['budget_windows']:,} "
-                  f"windows ({ai['budget_windows_ended']:,} ended, for the pruner)", highlight=False)
+                  f"windows ({ai['budget_windows_due']:,} past the longest window, for the pruner)", highlight=False)
     for warning in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 

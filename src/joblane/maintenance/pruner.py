@@ -1,6 +1,6 @@
 """Pruner: delete finished jobs (and their attempts) older than the retention; then finished batches
 none of whose jobs are left, signals no job waited for, cached step results past their expiry (and
-claims on a key whose job died), and budget windows that have ended."""
+claims on a key whose job died), and budget windows that ended longer ago than the longest window in use."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Pruner(Service):
             self.cache_pruned += cache
             self.budget_windows_pruned += windows
             if cache or windows:
-                self.log.info("pruner: %d cached step results past their expiry, %d ended budget windows removed",
+                self.log.info("pruner: %d cached step results past their expiry, %d old budget windows removed",
                               cache, windows)
                 self.behind = cache >= self.batch or windows >= self.batch
         return pruned

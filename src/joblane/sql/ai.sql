@@ -182,22 +182,23 @@ UPDATE {schema}.budget_holds AS h
 RETURNING h.job_id;
 
 -- name: prune_budget_usage
--- Delete up to $1 rows of budget_usage whose window has ended (or whose budget is gone); returns how many.
+-- Delete up to $1 rows of budget_usage whose window ended longer ago than the longest window in use (a month counts 31 days); returns how many.
 --
--- Only the current window of a budget is ever read (by the claim and by
--- `joblane budgets`); each budget's ended windows are a range of its
--- primary key (budget, window_start, key).
-WITH b AS (
-    SELECT name,
-           CASE WHEN window_seconds IS NULL THEN date_trunc('month', now(), 'UTC')
-                ELSE to_timestamp(floor(extract(epoch FROM now()) / window_seconds) * window_seconds)
-           END AS ws
-      FROM {schema}.budgets
+-- The claim and `joblane budgets` read only each budget's current window;
+-- ended windows are kept as long as the longest window in use, so that
+-- yesterday's spend of a daily cap can still be read beside today's. A row
+-- whose budget is gone is kept the longest window from its start. Each budget's old
+-- windows are a range of the primary key (budget, window_start, key).
+WITH longest AS (
+    SELECT coalesce(max(coalesce(window_seconds, 31 * 86400.0)), 0) AS seconds FROM {schema}.budgets
 ), doomed AS (
     SELECT u.budget, u.window_start, u.key
       FROM {schema}.budget_usage AS u
-      LEFT JOIN b ON b.name = u.budget
-     WHERE b.name IS NULL OR u.window_start < b.ws
+     CROSS JOIN longest
+      LEFT JOIN {schema}.budgets AS b ON b.name = u.budget
+     WHERE u.window_start < now() - make_interval(secs => longest.seconds + CASE
+                                                          WHEN b.name IS NULL THEN 0  -- its window is unknown
+                                                          ELSE coalesce(b.window_seconds, 31 * 86400.0) END)
      LIMIT $1
 ), gone AS (
     DELETE FROM {schema}.budget_usage AS u
@@ -233,7 +234,7 @@ WITH doomed AS (
 SELECT count(*) FROM gone;
 
 -- name: ai_table_health
--- What the pruner has left in the AI tables: cached results (expired among them) and claims, budget windows (ended among them).
+-- What the pruner has left in the AI tables: cached results (expired among them) and claims, budget windows (those due among them).
 SELECT (SELECT count(*) FROM {schema}.step_cache WHERE state = 'done') AS cache_results,
        (SELECT count(*) FROM {schema}.step_cache WHERE state = 'done' AND expires_at <= now()) AS cache_expired,
        (SELECT count(*) FROM {schema}.step_cache
@@ -242,11 +243,13 @@ SELECT (SELECT count(*) FROM {schema}.step_cache WHERE state = 'done') AS cache_
        (SELECT count(*) FROM {schema}.budget_usage) AS budget_windows,
        (SELECT count(*)
           FROM {schema}.budget_usage AS u
+         CROSS JOIN (SELECT coalesce(max(coalesce(window_seconds, 31 * 86400.0)), 0) AS seconds
+                       FROM {schema}.budgets) AS longest
           LEFT JOIN {schema}.budgets AS b ON b.name = u.budget
-         WHERE b.name IS NULL
-            OR u.window_start < CASE WHEN b.window_seconds IS NULL THEN date_trunc('month', now(), 'UTC')
-                                     ELSE to_timestamp(floor(extract(epoch FROM now()) / b.window_seconds)
-                                                       * b.window_seconds) END) AS budget_windows_ended;
+         WHERE u.window_start < now() - make_interval(secs => longest.seconds + CASE
+                                                              WHEN b.name IS NULL THEN 0
+                                                              ELSE coalesce(b.window_seconds, 31 * 86400.0) END)
+       ) AS budget_windows_due;
 
 -- name: cache_claim
 -- Claim cache key $1 (step $2) for job $3's attempt $4 for $5 seconds: a new key, an expired result, a claim that ran out or one of an earlier try of this job; returns the key when this job is to make the call.

@@ -161,11 +161,11 @@ class JoblaneCollector(Collector):
                                 value=health["oldest_transaction_seconds"] or 0.0)
         ai = GaugeMetricFamily(
             "joblane_ai_rows", "Rows of step_cache and budget_usage: live, and due for the worker's pruner (expired"
-            " results, claims that ran out an hour ago, ended budget windows).", labels=["table", "state"])
+            " results, claims that ran out an hour ago, budget windows that ended longer ago than the longest window).", labels=["table", "state"])
         ai.add_metric(["step_cache", "live"], health["ai"]["cache_results"] - health["ai"]["cache_expired"])
         ai.add_metric(["step_cache", "due"], health["ai"]["cache_expired"] + health["ai"]["cache_lost_claims"])
-        ai.add_metric(["budget_usage", "live"], health["ai"]["budget_windows"] - health["ai"]["budget_windows_ended"])
-        ai.add_metric(["budget_usage", "due"], health["ai"]["budget_windows_ended"])
+        ai.add_metric(["budget_usage", "live"], health["ai"]["budget_windows"] - health["ai"]["budget_windows_due"])
+        ai.add_metric(["budget_usage", "due"], health["ai"]["budget_windows_due"])
         yield ai
         yield GaugeMetricFamily("joblane_health_warnings",
                                 "Warnings of `joblane status --health` (autovacuum off or behind, old transactions).",
