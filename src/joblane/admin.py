@@ -72,11 +72,61 @@ def get_job(app: Any, job_id: int, conn: Any = None) -> dict[str, Any] | None:
         for a, w, s, f, o, e, m in store.fetch(conn, app.store.job_attempts(job_id))
     ]
     job["replays"] = [{"id": i, "state": s} for i, s in store.fetch(conn, app.store.job_replays(job_id))]
-    job["waiting_on"] = []  # the budgets whose cap holds this pending job back
+    job["waiting_on"] = []  # what holds this pending job back: its queue's pause, limits at their max, budgets at cap
     if job["state"] == "pending":
-        job["waiting_on"] = [b for b in _budget_rows(store.fetch(conn, app.store.budget_spend(job_id)))
-                             if b["spent"] + b["in_flight"] >= b["cap"]]
+        job["waiting_on"] = _queue_holds(store.fetch(conn, app.store.job_queue_holds(job_id))) + [
+            b for b in _budget_rows(store.fetch(conn, app.store.budget_spend(job_id)))
+            if b["spent"] + b["in_flight"] >= b["cap"]]
+        for hold in job["waiting_on"]:
+            hold["text"] = describe_hold(hold)
     return job
+
+
+_HOLD_KEYS = ("paused_until", "pause_reason", "max_starts", "starts_interval", "concurrency", "max_cost",
+              "cost_interval", "per_key", "key_field", "key", "starts", "running", "key_running", "cost", "estimate")
+
+
+def _queue_holds(rows: list[tuple]) -> list[dict[str, Any]]:
+    """The pause and the limits at their max that hold a pending job back (job_queue_holds), one dict each."""
+    if not rows:
+        return []
+    r = dict(zip(_HOLD_KEYS, rows[0]))
+    holds: list[dict[str, Any]] = []
+    if r["paused_until"] is not None:
+        holds.append({"kind": "pause", "until": r["paused_until"], "reason": r["pause_reason"]})
+    if r["max_starts"] is not None and r["starts"] >= r["max_starts"]:
+        holds.append({"kind": "limit", "limit": "rate", "used": r["starts"], "max": r["max_starts"],
+                      "window_seconds": r["starts_interval"]})
+    if r["concurrency"] is not None and r["running"] >= r["concurrency"]:
+        holds.append({"kind": "limit", "limit": "concurrency", "used": r["running"], "max": r["concurrency"]})
+    if r["per_key"] is not None and r["key_running"] >= r["per_key"]:
+        holds.append({"kind": "limit", "limit": "per_key", "key_field": r["key_field"], "key": r["key"],
+                      "used": r["key_running"], "max": r["per_key"]})
+    if r["max_cost"] is not None and r["cost"] > 0 and r["cost"] + r["estimate"] > r["max_cost"]:
+        holds.append({"kind": "limit", "limit": "tokens", "used": r["cost"], "max": r["max_cost"],
+                      "estimate": r["estimate"], "window_seconds": r["cost_interval"]})
+    return holds
+
+
+def describe_hold(hold: dict[str, Any]) -> str:
+    """One line for what holds a pending job back (an entry of get_job's ``waiting_on``)."""
+    from .rules import format_span
+
+    if hold["kind"] == "pause":
+        return f"queue paused until {hold['until']:%Y-%m-%d %H:%M:%S %Z}: {hold['reason'] or 'paused'}"
+    if hold["kind"] == "budget":
+        return (f"budget {hold['budget']}: {hold['key'] or 'the queue'} spent {hold['spent'] + hold['in_flight']:g}"
+                f" of {hold['cap']:g} (in flight {hold['in_flight']:g}; cap {describe_cap_source(hold)})"
+                f" until {hold['window_end']:%Y-%m-%d %H:%M:%S %Z}")
+    limit = hold["limit"]
+    if limit == "rate":
+        return f"rate limit: {hold['used']} of {hold['max']} starts per {format_span(hold['window_seconds'])} used"
+    if limit == "concurrency":
+        return f"concurrency limit: {hold['used']} of {hold['max']} running"
+    if limit == "per_key":
+        return f"per-key limit: {hold['key_field']}={hold['key']} has {hold['used']} of {hold['max']} running"
+    return (f"weighted limit: {hold['used']:g} of {hold['max']:g} per {format_span(hold['window_seconds'])} used,"
+            f" this job needs {hold['estimate']:g}")
 
 
 # The states each bulk action takes jobs from; the guarded statements check them again.
@@ -167,6 +217,9 @@ OLD_SLOT_XIDS = 1_000_000
 BUSY_QUEUE_NAPTIME = 15.0
 
 
+AI_DUE_MIN = 10_000  # rows the pruner should have removed before status --health warns
+
+
 def health(app: Any, conn: Any = None) -> dict[str, Any]:
     """Table sizes, dead row versions, last vacuum, the oldest open transaction, and warnings about them."""
     tables = [{"table": t, "bytes": size, "live": live, "dead": dead, "last_vacuum": vacuumed, "vacuums": runs}
@@ -193,8 +246,15 @@ def health(app: Any, conn: Any = None) -> dict[str, Any]:
                         "pg_drop_replication_slot for a slot nobody reads)")
     elif oldest is not None and oldest > OLD_TRANSACTION_SECONDS:
         warnings.append(f"a transaction has been open for {oldest:.0f}s: no vacuum can reclaim rows it may see")
+    [ai_row] = _rows(app, conn, app.store.ai_table_health())
+    ai = dict(zip(("cache_results", "cache_expired", "cache_lost_claims", "cache_oldest_expiry", "budget_windows",
+                   "budget_windows_due"), ai_row))
+    due = ai["cache_expired"] + ai["cache_lost_claims"] + ai["budget_windows_due"]
+    if due >= AI_DUE_MIN:
+        warnings.append(f"{due:,} expired cache rows and old budget windows wait for the pruner: is a worker "
+                        f"running (its pruner removes them every few seconds)?")
     return {"tables": tables, "autovacuum": autovacuum, "autovacuum_naptime_seconds": naptime,
-            "oldest_transaction_seconds": oldest, "horizon": horizon, "warnings": warnings}
+            "oldest_transaction_seconds": oldest, "horizon": horizon, "ai": ai, "warnings": warnings}
 
 
 # -- workers and relays ----------------------------------------------------------------
@@ -429,7 +489,8 @@ def resume_queue(app: Any, conn: Any, queue: str) -> bool:
 # -- budgets (spend caps) ----------------------------------------------------------------
 
 _BUDGET_KEYS = ("budget", "queue", "cap", "window_seconds", "key_field", "estimate_field", "default_estimate",
-                "cost_field", "window_start", "window_end", "key", "spent", "in_flight", "waiting")
+                "cost_field", "window_start", "window_end", "cap_source", "declared_cap", "cap_set_at", "key", "spent",
+                "in_flight", "waiting")
 
 
 def _budget_rows(rows: list[tuple]) -> list[dict[str, Any]]:
@@ -437,6 +498,7 @@ def _budget_rows(rows: list[tuple]) -> list[dict[str, Any]]:
     for row in rows:
         item = dict(zip(_BUDGET_KEYS, row))
         item["at_cap"] = item["key"] is not None and item["spent"] + item["in_flight"] >= item["cap"]
+        item["kind"] = "budget"
         out.append(item)
     return out
 
@@ -456,6 +518,20 @@ def set_budget_cap(app: Any, name: str, cap: Any, conn: Any = None) -> bool:
     from .budgets import check_cap
 
     return bool(_rows(app, conn, app.store.set_budget_cap(name, check_cap(cap))))
+
+
+def reset_budget_cap(app: Any, name: str, conn: Any = None) -> float | None:
+    rows = _rows(app, conn, app.store.reset_budget_cap(name))
+    return rows[0][1] if rows else None
+
+
+def describe_cap_source(row: dict[str, Any]) -> str:
+    """Where a budget's cap comes from, in words: declared in code, or set by an operator (and over what)."""
+    if row["cap_source"] != "operator":
+        return "declared in code"
+    if row["declared_cap"] is None:
+        return "set by an operator"
+    return f"set by an operator (declared {row['declared_cap']:g})"
 
 
 def remove_budget(app: Any, name: str, conn: Any = None) -> bool:

@@ -132,7 +132,10 @@ class App:
         and the attempts rows of earlier tries) and writes no attempts row,
         so its result, its meta and the job itself cannot be read, counted,
         exported or replayed afterwards. Every other outcome (retry, snooze,
-        hold, failure, a lost worker) is written as for any task.
+        hold, failure, a lost worker) is written as for any task. What a
+        lean try recorded as its cost (``job.record(cost=...)``,
+        ``job.settle(...)``) still counts, at that cost, against its queue's
+        budgets and weighted limit.
 
         ``executor="process"`` runs each try in a child process of its own
         (worker/child.py), for work that blocks in C code and must still stop
@@ -663,14 +666,13 @@ class App:
         """Cap the spend of a queue's jobs per key for every worker: ``app.budget("openai", queue="leads",
         per_day=20.0, key="tenant", estimate="estimated_cost")``.
 
-        Written to the database by each worker at start. See joblane.budgets.
+        Written to the database by each worker at start, as the default: a cap an operator set
+        (``joblane budgets set NAME --cap N``, ``set_budget_cap``) stands until ``reset_budget_cap``.
+        A queue may have limits (``limit``) and budgets together. See joblane.budgets.
         """
         from .budgets import make_budget
 
         budget = make_budget(name, **options)
-        if budget.queue in self.rate_limits:
-            raise JoblaneError(f"queue {budget.queue!r} has rate limits (app.limit): a queue takes limits or "
-                               f"budgets, not both")
         self.budgets[name] = budget
         return budget
 
@@ -679,9 +681,15 @@ class App:
         return admin.budget_status(self, conn)
 
     def set_budget_cap(self, name: str, cap: float, conn: Any = None) -> bool:
-        """Change a budget's cap in the database (running workers use it at their next claim); False when
-        there is no such budget. A worker whose app declares the budget writes its declaration at start."""
+        """Set a budget's cap in the database as an operator (running workers use it at their next claim);
+        False when there is no such budget. It stands over the cap the app declares, across worker restarts,
+        until ``reset_budget_cap``."""
         return admin.set_budget_cap(self, name, cap, conn)
+
+    def reset_budget_cap(self, name: str, conn: Any = None) -> float | None:
+        """Drop the cap an operator set: the cap the app declares is in force again, and returned; None when the
+        budget has no declared cap (made from the command line alone) or does not exist."""
+        return admin.reset_budget_cap(self, name, conn)
 
     def pause_queue(self, conn: Any, queue: str, seconds: float, reason: str | None = None) -> dt.datetime:
         """Stop every worker from starting jobs of ``queue`` for ``seconds``; returns when the pause ends."""

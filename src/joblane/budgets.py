@@ -11,9 +11,12 @@ really cost. When a key's spend in the current window reaches the cap, its
 jobs stay pending (``joblane jobs show`` says why) until the window rolls or
 the cap is raised (``joblane budgets set``); other keys go on.
 
-The database enforces it, like the queue limits (``ratelimit``): budgets
-live in ``budgets``, and the worker claims a queue with budgets through
-``claim_jobs_budgeted`` (sql/ai.sql). A cap is exceeded by at most the
+The database enforces it together with the queue's limits (``ratelimit``),
+which a queue with budgets may also have: budgets live in ``budgets``, and
+the worker claims a queue with limits, budgets or both through
+``claim_jobs_limited`` (sql/limits.sql). The cap an app declares is the
+default: a cap an operator sets (``joblane budgets set NAME --cap N``) stands
+across worker restarts until ``joblane budgets reset NAME``. A cap is exceeded by at most the
 estimates of the tries in flight when it was reached, plus what those tries
 cost beyond their estimates. Windows are fixed: per hour and per day start
 on the hour and at midnight UTC, per month on the first of the month (UTC),

@@ -42,7 +42,7 @@ TABLES: dict[str, tuple[str, str]] = {
     "outbox":         ("INSERT, SELECT (id)",                                    "SELECT, UPDATE, DELETE"),
     "inbox":          ("INSERT, SELECT (key)",                                   ""),
     "periodic_ticks": ("",                                                       "SELECT, INSERT, DELETE"),
-    # each worker writes its app's limits at start; lock_queue_limit reads FOR UPDATE
+    # each worker writes its app's limits at start
     "queue_limits":   ("",                                                       "SELECT, INSERT, UPDATE"),
     "queue_pauses":   ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
     "queue_starts":   ("",                                                       "SELECT, INSERT, DELETE"),
@@ -52,10 +52,11 @@ TABLES: dict[str, tuple[str, str]] = {
     "history_slices":   ("",                                                     "SELECT, INSERT, DELETE"),
     "history_attempts": ("",                                                     "SELECT, INSERT, DELETE"),
     "history_latency":  ("",                                                     "SELECT, INSERT, DELETE"),
-    # each worker writes its app's budgets at start; lock_budgets reads FOR UPDATE; the claim folds holds
+    # each worker writes its app's budgets at start; the claim folds holds, a lean success notes its cost
+    # on its hold, the pruner deletes ended windows
     "budgets":        ("",                                                       "SELECT, INSERT, UPDATE"),
-    "budget_usage":   ("",                                                       "SELECT, INSERT, UPDATE"),
-    "budget_holds":   ("",                                                       "SELECT, INSERT, DELETE"),
+    "budget_usage":   ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
+    "budget_holds":   ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
     # cached steps: claim, fill, hit and release a key
     "step_cache":     ("",                                                       "SELECT, INSERT, UPDATE, DELETE"),
     # workflows: the functions below write these; the app creates batches, the pruner deletes

@@ -11,6 +11,9 @@ A queue can have, in any combination:
 - per-key fairness: at most ``K`` running jobs per key (a payload field, e.g.
   the tenant).
 
+A queue may also have spend caps (``app.budget``, ``joblane.budgets``): the
+one limited claim enforces both together.
+
 Limits live in ``queue_limits``. ``app.limit(...)`` declares them in code and
 every worker writes them at start; ``joblane limits set`` writes them from
 the command line. This module is the declaration side (``Limit``,

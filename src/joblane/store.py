@@ -630,8 +630,8 @@ class Store:
     def queue_controls(self, queues) -> Statement:
         return self._s("queue_controls", queues)
 
-    def lock_queue_limit(self, queue) -> Statement:
-        return self._s("lock_queue_limit", queue)
+    def lock_queue_claims(self, key) -> Statement:
+        return self._s("lock_queue_claims", key)
 
     def claim_jobs_limited(self, queue, limit, worker, lease_seconds) -> Statement:
         return self._s("claim_jobs_limited", queue, limit, worker, lease_seconds)
@@ -639,7 +639,15 @@ class Store:
     def queue_limits_status(self) -> Statement:
         return self._s("queue_limits_status")
 
+    def job_queue_holds(self, job_id) -> Statement:
+        return self._s("job_queue_holds", job_id)
+
     # -- ai.sql: budgets, cached steps, the dataset export, replay comparisons ---
+
+    def declare_budget(self, name, queue, cap, window_seconds, key_path, estimate_path, default_estimate,
+                       cost_field) -> Statement:
+        return self._s("declare_budget", name, queue, cap, window_seconds, key_path, estimate_path,
+                       default_estimate, cost_field)
 
     def upsert_budget(self, name, queue, cap, window_seconds, key_path, estimate_path, default_estimate,
                       cost_field) -> Statement:
@@ -649,23 +657,29 @@ class Store:
     def set_budget_cap(self, name, cap) -> Statement:
         return self._s("set_budget_cap", name, cap)
 
+    def reset_budget_cap(self, name) -> Statement:
+        return self._s("reset_budget_cap", name)
+
     def delete_budget(self, name) -> Statement:
         return self._s("delete_budget", name)
-
-    def budgeted_queues(self, queues) -> Statement:
-        return self._s("budgeted_queues", queues)
-
-    def lock_budgets(self, queue) -> Statement:
-        return self._s("lock_budgets", queue)
 
     def fold_budget_holds(self, queue) -> Statement:
         return self._s("fold_budget_holds", queue)
 
-    def claim_jobs_budgeted(self, queue, limit, worker, lease_seconds) -> Statement:
-        return self._s("claim_jobs_budgeted", queue, limit, worker, lease_seconds)
-
     def budget_spend(self, job_id) -> Statement:
         return self._s("budget_spend", job_id)
+
+    def settle_lean_costs(self, document) -> Statement:
+        return self._s("settle_lean_costs", document)
+
+    def prune_budget_usage(self, limit) -> Statement:
+        return self._s("prune_budget_usage", limit)
+
+    def prune_step_cache(self, limit) -> Statement:
+        return self._s("prune_step_cache", limit)
+
+    def ai_table_health(self) -> Statement:
+        return self._s("ai_table_health")
 
     def cache_claim(self, key, step, job_id, attempt, claim_seconds) -> Statement:
         return self._s("cache_claim", key, step, job_id, attempt, claim_seconds)

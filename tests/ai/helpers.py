@@ -7,7 +7,8 @@ import contextlib
 
 from joblane.queries import quote_ident
 
-TABLES = ("jobs", "attempts", "budgets", "budget_usage", "budget_holds", "step_cache", "job_steps")
+TABLES = ("jobs", "attempts", "budgets", "budget_usage", "budget_holds", "step_cache", "job_steps", "queue_starts",
+          "queue_pauses")
 
 
 def rows(conn, app, sql: str, params=()) -> list[dict]:

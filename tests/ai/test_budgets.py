@@ -119,13 +119,13 @@ def test_budget_declarations_and_command_line_refuse_bad_input(app):
         with pytest.raises(joblane.JoblaneError, match=message):
             app.budget("b", **options)
     app.limit("limited", concurrency=2)
-    with pytest.raises(joblane.JoblaneError, match="limits or budgets, not both"):
-        app.budget("b", queue="limited", per_day=1)
+    app.budget("b", queue="limited", per_day=1)  # limits and budgets on one queue
     for args, message in [
         (["budgets", "set", "nothing", "--cap", "2"], "no budget 'nothing'"),
         (["budgets", "set", "x", "--cap", "2", "--queue", "q"], "needs --queue and --per"),
         (["budgets", "set", "x", "--cap", "2", "--queue", "q", "--per", "soon"], "window must be a duration"),
         (["budgets", "clear", "nothing"], "no budget 'nothing'"),
+        (["budgets", "reset", "nothing"], "has no cap declared in code"),
     ]:
         result = run_cli(app, *args)
         assert result.exit_code == 1 and message in result.stderr, (args, result.output)

@@ -35,14 +35,15 @@ def budgets(ctx: click.Context, as_json: bool) -> None:
         console.print("no budgets (app.budget or `joblane budgets set`)")
         return
     table = Table(title=f"budgets (schema {app.schema})")
-    for col in ("budget", "queue", "key", "spent", "in flight", "cap", "window ends", "waiting"):
+    for col in ("budget", "queue", "key", "spent", "in flight", "cap", "cap from", "window ends", "waiting"):
         table.add_column(col, overflow="fold")
     for r in rows:
         per = budget_rules.describe_window(r["window_seconds"])
         key = "-" if r["key"] is None else (f"{r['key_field']}={r['key']}" if r["key_field"] else "(queue)")
         spent = f"{r['spent']:g}" + (" [bold red]at cap[/bold red]" if r["at_cap"] else "")
         table.add_row(escape(r["budget"]), escape(r["queue"]), escape(key), spent, f"{r['in_flight']:g}",
-                      f"{r['cap']:g} per {per}", show_time(r["window_end"]), str(r["waiting"]))
+                      f"{r['cap']:g} per {per}", escape(admin.describe_cap_source(r)), show_time(r["window_end"]),
+                      str(r["waiting"]))
     print_table(table)
 
 
@@ -64,7 +65,8 @@ def budgets_set(ctx: click.Context, name, queue, cap, per, key, estimate, defaul
                 as_json) -> None:
     """Create or replace budget NAME, or with --cap alone change its cap (raising it lets held-back jobs start).
 
-    A worker whose app declares NAME (app.budget) writes its declaration at start.
+    A cap set here stands over the one an app declares (app.budget), across worker restarts, until
+    `joblane budgets reset NAME`.
     """
     app = app_from_context(ctx)
     if queue is None and per is None:
@@ -87,12 +89,33 @@ def budgets_set(ctx: click.Context, name, queue, cap, per, key, estimate, defaul
         console.print(f"budget {escape(name)}: {escape(described)}")
 
 
+@budgets.command("reset")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def budgets_reset(ctx: click.Context, name, as_json: bool) -> None:
+    """Drop the cap an operator set on budget NAME: the cap its app declares is in force again."""
+    app = app_from_context(ctx)
+    cap = run_or_fail(lambda: admin.reset_budget_cap(app, name))
+    if cap is None:
+        raise Fail(f"budget {name!r} has no cap declared in code (or does not exist): set one with "
+                   f"`joblane budgets set {name} --cap N` or remove it with `joblane budgets clear {name}`")
+    if as_json:
+        emit_json({"budget": name, "cap": cap, "cap_source": "code"})
+    else:
+        console.print(f"budget {escape(name)}: cap {cap:g}, as declared in code")
+
+
 @budgets.command("clear")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def budgets_clear(ctx: click.Context, name, as_json: bool) -> None:
-    """Remove budget NAME with its spend records."""
+    """Remove budget NAME with its spend records.
+
+    A budget an app declares comes back at the next worker start, at its declared cap; to drop only the
+    cap an operator set and keep the spend, use `joblane budgets reset NAME`.
+    """
     app = app_from_context(ctx)
     if not run_or_fail(lambda: admin.remove_budget(app, name)):
         raise Fail(f"no budget {name!r} (see `joblane budgets`)")

@@ -194,6 +194,10 @@ def _health(app: App, as_json: bool) -> None:
     if report["horizon"] is not None:
         console.print(f"vacuum's horizon is held by {escape(rules.holder_text(report['horizon']))}",
                       highlight=False, soft_wrap=True)
+    ai = report["ai"]
+    console.print(f"AI tables: step_cache {ai['cache_results']:,} results ({ai['cache_expired']:,} expired, "
+                  f"{ai['cache_lost_claims']:,} lost claims, for the pruner); budget_usage {ai['budget_windows']:,} "
+                  f"windows ({ai['budget_windows_due']:,} past the longest window, for the pruner)", highlight=False)
     for warning in report["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 
@@ -265,9 +269,7 @@ def jobs_show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     if job.get("replays"):
         table.add_row("replayed by", ", ".join(f"{r['id']} ({r['state']})" for r in job["replays"]))
     for b in job.get("waiting_on") or ():
-        table.add_row("waiting on", escape(
-            f"budget {b['budget']}: {b['key'] or 'the queue'} spent {b['spent'] + b['in_flight']:g} of"
-            f" {b['cap']:g} (in flight {b['in_flight']:g}) until {show_time(b['window_end'])}"))
+        table.add_row("waiting on", escape(b["text"]))
     print_table(table)
     if job["attempt_rows"]:
         at = Table(title="attempts")

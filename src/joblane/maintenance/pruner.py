@@ -1,5 +1,6 @@
 """Pruner: delete finished jobs (and their attempts) older than the retention; then finished batches
-none of whose jobs are left, and signals no job waited for."""
+none of whose jobs are left, signals no job waited for, cached step results past their expiry (and
+claims on a key whose job died), and budget windows that ended longer ago than the longest window in use."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class Pruner(Service):
         self.retention = float(retention)
         self.prune_failed = prune_failed
         self.batch = batch
+        self.cache_pruned = 0
+        self.budget_windows_pruned = 0
 
     async def _work(self, conn: Any) -> list[int]:
         """The ids of the jobs deleted."""
@@ -39,4 +42,12 @@ class Pruner(Service):
         pruned = [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
         if not self.behind:  # batches none of whose jobs are left, and signals no job waited for
             await store.records(conn, self.store.prune_flows(self.retention, self.batch))
+            cache = await store.value(conn, self.store.prune_step_cache(self.batch))
+            windows = await store.value(conn, self.store.prune_budget_usage(self.batch))
+            self.cache_pruned += cache
+            self.budget_windows_pruned += windows
+            if cache or windows:
+                self.log.info("pruner: %d cached step results past their expiry, %d old budget windows removed",
+                              cache, windows)
+                self.behind = cache >= self.batch or windows >= self.batch
         return pruned

@@ -5,24 +5,56 @@
 -- calendar month in UTC when window_seconds is NULL. Each query computes the
 -- current window's start (ws) and end (we) from the same expression.
 --
--- A queue with budgets is claimed in one short transaction per claim:
--- lock_budgets, fold_budget_holds, then claim_jobs_budgeted; the lock
--- serialises the budgeted claims of one queue across every worker and host.
+-- A queue with budgets is claimed like a queue with limits, by the one
+-- limited claim (sql/limits.sql): lock_queue_claims, fold_budget_holds, then
+-- claim_jobs_limited, which enforces the queue's limits and its budgets' caps
+-- together.
+
+-- name: declare_budget
+-- Write budget $1 as an app declares it (a worker at start): queue $2, cap $3 per window of $4 seconds (NULL: calendar month), key $5, estimate $6 (default $7), settled cost field $8; an operator's cap stands. Returns the cap in force, its source and when an operator set it.
+--
+-- The declared cap is the default: it is the cap in force unless an
+-- operator set one (`joblane budgets set NAME --cap N`), which stands across
+-- restarts until `joblane budgets reset NAME`.
+INSERT INTO {schema}.budgets AS b
+       (name, queue, cap, window_seconds, key_path, estimate_path, default_estimate, cost_field, updated_at,
+        declared_cap, cap_source)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $3, 'code')
+ON CONFLICT (name) DO UPDATE
+   SET queue = EXCLUDED.queue, window_seconds = EXCLUDED.window_seconds,
+       key_path = EXCLUDED.key_path, estimate_path = EXCLUDED.estimate_path,
+       default_estimate = EXCLUDED.default_estimate, cost_field = EXCLUDED.cost_field,
+       declared_cap = EXCLUDED.declared_cap,
+       cap = CASE WHEN b.cap_source = 'operator' THEN b.cap ELSE EXCLUDED.cap END,
+       updated_at = now()
+RETURNING b.name, b.cap, b.cap_source, b.cap_set_at;
 
 -- name: upsert_budget
--- Create or replace budget $1 on queue $2: cap $3 per window of $4 seconds (NULL: calendar month), key $5, estimate $6 (default $7), settled cost field $8.
+-- Create or replace budget $1 from the command line: queue $2, cap $3 per window of $4 seconds (NULL: calendar month), key $5, estimate $6 (default $7), settled cost field $8; the cap is an operator's.
 INSERT INTO {schema}.budgets AS b
-       (name, queue, cap, window_seconds, key_path, estimate_path, default_estimate, cost_field, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
+       (name, queue, cap, window_seconds, key_path, estimate_path, default_estimate, cost_field, updated_at,
+        cap_source, cap_set_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), 'operator', now())
 ON CONFLICT (name) DO UPDATE
    SET queue = EXCLUDED.queue, cap = EXCLUDED.cap, window_seconds = EXCLUDED.window_seconds,
        key_path = EXCLUDED.key_path, estimate_path = EXCLUDED.estimate_path,
-       default_estimate = EXCLUDED.default_estimate, cost_field = EXCLUDED.cost_field, updated_at = now()
+       default_estimate = EXCLUDED.default_estimate, cost_field = EXCLUDED.cost_field,
+       cap_source = 'operator', cap_set_at = now(), updated_at = now()
 RETURNING b.name;
 
 -- name: set_budget_cap
--- Change the cap of budget $1 to $2 (raising it lets its waiting jobs start at the next claim).
-UPDATE {schema}.budgets SET cap = $2, updated_at = now() WHERE name = $1 RETURNING name;
+-- An operator sets the cap of budget $1 to $2 (raising it lets its waiting jobs start at the next claim); it stands over the declared cap until reset.
+UPDATE {schema}.budgets
+   SET cap = $2, cap_source = 'operator', cap_set_at = now(), updated_at = now()
+ WHERE name = $1
+RETURNING name;
+
+-- name: reset_budget_cap
+-- Drop the cap an operator set on budget $1: the cap its app declares is in force again; returns it (nothing when the budget has no declared cap).
+UPDATE {schema}.budgets
+   SET cap = declared_cap, cap_source = 'code', cap_set_at = NULL, updated_at = now()
+ WHERE name = $1 AND declared_cap IS NOT NULL
+RETURNING name, cap;
 
 -- name: delete_budget
 -- Remove budget $1 with its spend and holds; its queue goes back to the plain claim when it has no other budget.
@@ -35,16 +67,8 @@ WITH gone AS (
 )
 SELECT name FROM gone;
 
--- name: budgeted_queues
--- Which of the queues $1 have budgets (they take the budgeted claim).
-SELECT DISTINCT queue FROM {schema}.budgets WHERE queue = ANY($1::text[]);
-
--- name: lock_budgets
--- Serialise the budgeted claims of queue $1 until the end of the transaction.
-SELECT name FROM {schema}.budgets WHERE queue = $1 ORDER BY name FOR UPDATE;
-
 -- name: fold_budget_holds
--- Move the holds of queue $1's finished tries into budget_usage, each at the cost its try recorded (the budget's cost field, else job.settle's amount, else its estimate); after lock_budgets.
+-- Move the holds of queue $1's finished tries into budget_usage, each at the cost its try recorded (the budget's cost field, else job.settle's amount; a lean success's, noted on the hold; else its estimate); after lock_queue_claims.
 --
 -- A hold is in flight while its job is running the try that the claim
 -- started (same started_at). Once it is not, the try's attempts row is the
@@ -62,7 +86,7 @@ WITH b AS (
                       WHERE a.job_id = h.job_id AND a.attempt = h.attempt
                         AND a.outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost')
                       ORDER BY a.id DESC
-                      LIMIT 1), h.estimate) AS spent
+                      LIMIT 1), h.cost, h.estimate) AS spent
       FROM b
       JOIN {schema}.budget_holds AS h ON h.budget = b.name
      WHERE NOT EXISTS (SELECT 1 FROM {schema}.jobs AS j
@@ -77,98 +101,6 @@ SELECT budget, key, window_start, sum(spent), count(*) FROM finished GROUP BY 1,
 ON CONFLICT (budget, window_start, key) DO UPDATE
    SET spent = u.spent + EXCLUDED.spent, tries = u.tries + EXCLUDED.tries
 RETURNING u.budget;
-
--- name: claim_jobs_budgeted
--- Claim up to $2 ready jobs of budgeted queue $1 for worker $3 (lease $4 s), passing over keys at their cap; after fold_budget_holds.
---
--- Its rows start with the columns of claim_jobs, in the same order. A key's
--- spend is its settled spend in the current window plus the estimates of
--- its tries in flight; a job starts while its key's spend, with the
--- estimates of the jobs chosen before it in this claim, is below the cap, so
--- a cap is exceeded by at most the estimates in flight (and by what a try
--- costs beyond its estimate). Keys at their cap are left out of the walk of
--- jobs_ready, so they do not hide the jobs of other keys. The last column
--- says in how many seconds the earliest blocking window rolls or the pause
--- ends; with nothing claimed, one row of NULL jobs carries it.
-WITH b AS MATERIALIZED (
-    SELECT bu.name, bu.cap, bu.key_path, bu.estimate_path, bu.default_estimate, t.t,
-           CASE WHEN bu.window_seconds IS NULL THEN date_trunc('month', t.t, 'UTC')
-                ELSE to_timestamp(floor(extract(epoch FROM t.t) / bu.window_seconds) * bu.window_seconds)
-           END AS ws,
-           CASE WHEN bu.window_seconds IS NULL
-                THEN (date_trunc('month', t.t, 'UTC') AT TIME ZONE 'UTC' + interval '1 month') AT TIME ZONE 'UTC'
-                ELSE to_timestamp((floor(extract(epoch FROM t.t) / bu.window_seconds) + 1) * bu.window_seconds)
-           END AS we
-      FROM {schema}.budgets AS bu, (SELECT clock_timestamp() AS t) AS t
-     WHERE bu.queue = $1
-), paused AS MATERIALIZED (
-    SELECT max(p.until) AS until FROM {schema}.queue_pauses AS p WHERE p.queue = $1 AND p.until > now()
-), used AS MATERIALIZED (
-    SELECT k.budget AS name, k.key, sum(k.amount) AS used
-      FROM (SELECT u.budget, u.key, u.spent AS amount
-              FROM b JOIN {schema}.budget_usage AS u ON u.budget = b.name AND u.window_start = b.ws
-            UNION ALL
-            SELECT h.budget, h.key, h.estimate
-              FROM b JOIN {schema}.budget_holds AS h ON h.budget = b.name AND h.window_start = b.ws) AS k
-     GROUP BY 1, 2
-), blocked AS MATERIALIZED (
-    SELECT b.name, b.key_path, u.key, b.we
-      FROM b JOIN used AS u ON u.name = b.name
-     WHERE u.used >= b.cap
-), candidates AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_after, c.payload
-      FROM {schema}.jobs AS c
-     WHERE c.state = 'pending' AND hashtext(c.queue) = hashtext($1) AND c.queue = $1 AND c.run_after <= now()
-       AND NOT EXISTS (SELECT 1 FROM blocked AS x WHERE coalesce(c.payload #>> x.key_path, '') = x.key)
-       AND (SELECT until FROM paused) IS NULL
-     ORDER BY c.priority, c.run_after, c.id
-     LIMIT $2
-), per_job AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_after, b.name, b.cap, b.ws, b.we,
-           coalesce(c.payload #>> b.key_path, '') AS key,
-           CASE WHEN jsonb_typeof(c.payload #> b.estimate_path) = 'number'
-                THEN greatest(0, (c.payload #>> b.estimate_path)::float8)
-                ELSE b.default_estimate END AS estimate
-      FROM candidates AS c CROSS JOIN b
-), fitted AS (
-    SELECT p.id, p.cap, p.we,
-           coalesce(u.used, 0) + coalesce(sum(p.estimate) OVER (
-               PARTITION BY p.name, p.key ORDER BY p.priority, p.run_after, p.id
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
-      FROM per_job AS p
-      LEFT JOIN used AS u ON u.name = p.name AND u.key = p.key
-), chosen AS (
-    SELECT id FROM fitted GROUP BY id HAVING bool_and(before < cap)
-), locked AS (
-    SELECT j.id
-      FROM {schema}.jobs AS j
-     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.state = 'pending'
-       FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE {schema}.jobs AS j
-       SET state = 'running',
-           attempts = j.attempts + 1,
-           worker = $3,
-           lease_until = now() + make_interval(secs => $4::float8),
-           started_at = now()
-     WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
- RETURNING j.id, j.queue, j.kind, j.payload::text AS payload, j.attempts, j.max_attempts,
-           j.priority, j.created_at, j.replay_of, j.headers::text AS headers
-), held AS (
-    INSERT INTO {schema}.budget_holds (budget, key, window_start, job_id, attempt, started_at, estimate)
-    SELECT p.name, p.key, p.ws, c.id, c.attempts, now(), p.estimate
-      FROM claimed AS c
-      JOIN per_job AS p ON p.id = c.id
-    ON CONFLICT DO NOTHING
-)
-SELECT c.id, c.queue, c.kind, c.payload, c.attempts, c.max_attempts, c.priority, c.created_at, c.replay_of,
-       c.headers,
-       extract(epoch FROM least((SELECT min(we) FROM blocked),
-                                (SELECT min(f.we) FROM fitted AS f WHERE f.before >= f.cap),
-                                (SELECT until FROM paused))
-                          - (SELECT min(t) FROM b))::float8 AS retry_in
-  FROM (SELECT 1) AS one
-  LEFT JOIN claimed AS c ON true;
 
 -- name: budget_spend
 -- Every budget (or only those of pending job $1's queue, with that job's key) with each key's spend in its current window: settled, in flight, and the pending jobs it holds back at its cap.
@@ -191,7 +123,7 @@ WITH job AS (
     UNION ALL
     -- a hold whose try has finished but is not folded yet counts what the try cost, as the fold will
     SELECT h.budget, h.key,
-           CASE WHEN r.running THEN 0 ELSE coalesce(settled.cost, h.estimate) END,
+           CASE WHEN r.running THEN 0 ELSE coalesce(settled.cost, h.cost, h.estimate) END,
            CASE WHEN r.running THEN h.estimate ELSE 0 END
       FROM b
       JOIN {schema}.budget_holds AS h ON h.budget = b.name AND h.window_start = b.ws
@@ -215,7 +147,7 @@ WITH job AS (
 )
 SELECT b.name, b.queue, b.cap, b.window_seconds, array_to_string(b.key_path, '.') AS key_field,
        array_to_string(b.estimate_path, '.') AS estimate_field, b.default_estimate, b.cost_field, b.ws, b.we,
-       p.key, coalesce(p.spent, 0) AS spent, coalesce(p.in_flight, 0) AS in_flight,
+       b.cap_source, b.declared_cap, b.cap_set_at, p.key, coalesce(p.spent, 0) AS spent, coalesce(p.in_flight, 0) AS in_flight,
        CASE WHEN coalesce(p.spent, 0) + coalesce(p.in_flight, 0) >= b.cap
             THEN (SELECT count(*) FROM {schema}.jobs AS j
                    WHERE j.state = 'pending' AND hashtext(j.queue) = hashtext(b.queue) AND j.queue = b.queue
@@ -225,6 +157,99 @@ SELECT b.name, b.queue, b.cap, b.window_seconds, array_to_string(b.key_path, '.'
   LEFT JOIN per_key AS p ON p.budget = b.name
  WHERE $1::bigint IS NULL OR p.key = coalesce((SELECT payload FROM job) #>> b.key_path, '')
  ORDER BY b.name, p.key;
+
+-- name: settle_lean_costs
+-- Note what the lean successes $1 (a JSON array of {id, attempt, meta}) cost on their budget holds (each budget's cost field, else job.settle's amount) and their queue_starts rows (job.settle's amount); before delete_done.
+--
+-- A lean success writes no attempts row, where the fold and the limited
+-- claim read a try's cost; without this note both would count its estimate.
+-- queue_starts holds the starts of one window per limited queue.
+WITH o AS (
+    SELECT * FROM jsonb_to_recordset($1::text::jsonb) AS o(id bigint, attempt int, meta jsonb)
+), starts AS (
+    UPDATE {schema}.queue_starts AS s
+       SET cost = greatest(0, (o.meta ->> 'settled_cost')::float8)
+      FROM o
+     WHERE s.job_id = o.id AND s.attempt = o.attempt AND jsonb_typeof(o.meta -> 'settled_cost') = 'number'
+)
+UPDATE {schema}.budget_holds AS h
+   SET cost = CASE WHEN jsonb_typeof(o.meta -> b.cost_field) = 'number'
+                   THEN greatest(0, (o.meta ->> b.cost_field)::float8)
+                   ELSE greatest(0, (o.meta ->> 'settled_cost')::float8) END
+  FROM o, {schema}.budgets AS b
+ WHERE h.job_id = o.id AND h.attempt = o.attempt AND b.name = h.budget
+   AND (jsonb_typeof(o.meta -> b.cost_field) = 'number' OR jsonb_typeof(o.meta -> 'settled_cost') = 'number')
+RETURNING h.job_id;
+
+-- name: prune_budget_usage
+-- Delete up to $1 rows of budget_usage whose window ended longer ago than the longest window in use (a month counts 31 days); returns how many.
+--
+-- The claim and `joblane budgets` read only each budget's current window;
+-- ended windows are kept as long as the longest window in use, so that
+-- yesterday's spend of a daily cap can still be read beside today's. A row
+-- whose budget is gone is kept the longest window from its start. Each budget's old
+-- windows are a range of the primary key (budget, window_start, key).
+WITH longest AS (
+    SELECT coalesce(max(coalesce(window_seconds, 31 * 86400.0)), 0) AS seconds FROM {schema}.budgets
+), doomed AS (
+    SELECT u.budget, u.window_start, u.key
+      FROM {schema}.budget_usage AS u
+     CROSS JOIN longest
+      LEFT JOIN {schema}.budgets AS b ON b.name = u.budget
+     WHERE u.window_start < now() - make_interval(secs => longest.seconds + CASE
+                                                          WHEN b.name IS NULL THEN 0  -- its window is unknown
+                                                          ELSE coalesce(b.window_seconds, 31 * 86400.0) END)
+     LIMIT $1
+), gone AS (
+    DELETE FROM {schema}.budget_usage AS u
+     USING doomed AS d
+     WHERE u.budget = d.budget AND u.window_start = d.window_start AND u.key = d.key
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: prune_step_cache
+-- Delete up to $1 cached results past their expiry and claims on a key that ran out an hour ago or more (their job died); returns how many.
+--
+-- A claim that ran out may still be filled by its job (a call slower than
+-- the claim), unless another job took the key over: it is left an hour.
+WITH doomed AS (
+    (SELECT key FROM {schema}.step_cache
+      WHERE state = 'done' AND expires_at <= now()
+      ORDER BY expires_at
+      LIMIT $1)
+    UNION ALL
+    (SELECT key FROM {schema}.step_cache
+      WHERE state = 'running' AND claimed_until <= now() - interval '1 hour'
+      ORDER BY claimed_until
+      LIMIT $1)
+), gone AS (
+    -- the conditions again: a key claimed or filled anew meanwhile stays
+    DELETE FROM {schema}.step_cache AS c
+     WHERE c.key = ANY(ARRAY(SELECT key FROM doomed))
+       AND ((c.state = 'done' AND c.expires_at <= now())
+            OR (c.state = 'running' AND c.claimed_until <= now() - interval '1 hour'))
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: ai_table_health
+-- What the pruner has left in the AI tables: cached results (expired among them) and claims, budget windows (those due among them).
+SELECT (SELECT count(*) FROM {schema}.step_cache WHERE state = 'done') AS cache_results,
+       (SELECT count(*) FROM {schema}.step_cache WHERE state = 'done' AND expires_at <= now()) AS cache_expired,
+       (SELECT count(*) FROM {schema}.step_cache
+         WHERE state = 'running' AND claimed_until <= now() - interval '1 hour') AS cache_lost_claims,
+       (SELECT min(expires_at) FROM {schema}.step_cache WHERE state = 'done') AS cache_oldest_expiry,
+       (SELECT count(*) FROM {schema}.budget_usage) AS budget_windows,
+       (SELECT count(*)
+          FROM {schema}.budget_usage AS u
+         CROSS JOIN (SELECT coalesce(max(coalesce(window_seconds, 31 * 86400.0)), 0) AS seconds
+                       FROM {schema}.budgets) AS longest
+          LEFT JOIN {schema}.budgets AS b ON b.name = u.budget
+         WHERE u.window_start < now() - make_interval(secs => longest.seconds + CASE
+                                                              WHEN b.name IS NULL THEN 0
+                                                              ELSE coalesce(b.window_seconds, 31 * 86400.0) END)
+       ) AS budget_windows_due;
 
 -- name: cache_claim
 -- Claim cache key $1 (step $2) for job $3's attempt $4 for $5 seconds: a new key, an expired result, a claim that ran out or one of an earlier try of this job; returns the key when this job is to make the call.

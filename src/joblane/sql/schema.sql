@@ -37,6 +37,7 @@ CREATE TABLE {schema}.batches (
 CREATE TABLE {schema}.budget_holds (
     attempt integer NOT NULL,
     budget text NOT NULL,
+    cost double precision,
     estimate double precision NOT NULL,
     job_id bigint NOT NULL,
     key text NOT NULL,
@@ -56,7 +57,10 @@ CREATE TABLE {schema}.budget_usage (
 
 CREATE TABLE {schema}.budgets (
     cap double precision NOT NULL,
+    cap_set_at timestamp with time zone,
+    cap_source text DEFAULT 'code'::text NOT NULL,
     cost_field text DEFAULT 'cost'::text NOT NULL,
+    declared_cap double precision,
     default_estimate double precision DEFAULT 0 NOT NULL,
     estimate_path text[],
     key_path text[],
@@ -65,6 +69,8 @@ CREATE TABLE {schema}.budgets (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     window_seconds double precision,
     CONSTRAINT budgets_cap_check CHECK ((cap > (0)::double precision)),
+    CONSTRAINT budgets_cap_source_check CHECK ((cap_source = ANY (ARRAY['code'::text, 'operator'::text]))),
+    CONSTRAINT budgets_declared_cap_check CHECK ((declared_cap > (0)::double precision)),
     CONSTRAINT budgets_default_estimate_check CHECK ((default_estimate >= (0)::double precision)),
     CONSTRAINT budgets_pkey PRIMARY KEY (name),
     CONSTRAINT budgets_window_seconds_check CHECK ((window_seconds > (0)::double precision))
@@ -278,7 +284,9 @@ CREATE TABLE {schema}.step_cache (
     CONSTRAINT step_cache_pkey PRIMARY KEY (key),
     CONSTRAINT step_cache_state_check CHECK ((state = ANY (ARRAY['running'::text, 'done'::text])))
 );
+CREATE INDEX step_cache_claims ON {schema}.step_cache USING btree (claimed_until) WHERE (state = 'running'::text);
 CREATE INDEX step_cache_created ON {schema}.step_cache USING btree (created_at);
+CREATE INDEX step_cache_expires ON {schema}.step_cache USING btree (expires_at) WHERE (state = 'done'::text);
 
 CREATE OR REPLACE FUNCTION {schema}.add_to_batch(p_batch bigint, p_ids bigint[])
  RETURNS integer

@@ -11,6 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import admin, store
 from ..app import App
+from ..budgets import describe_window
 from ..flows import waits_on
 from ..rules import hold_reason
 from ..types import JOB_STATES
@@ -157,15 +158,27 @@ class Data:
             rows.setdefault(queue, {"queue": queue, **blank})["failed_recent"] = n
         with self.connection() as conn:
             limits = admin.limits(self.app, conn)
+            budgets = self.app.budget_status(conn)
         for lim in limits:
             rows.setdefault(lim["queue"], {"queue": lim["queue"], **blank})["limit"] = lim
+        for b in budgets:  # one line per budget (its rows are one per key)
+            mine = rows.setdefault(b["queue"], {"queue": b["queue"], **blank}).setdefault("budgets", [])
+            if not any(m["budget"] == b["budget"] for m in mine):
+                mine.append({**b, "source": admin.describe_cap_source(b),
+                             "per": describe_window(b["window_seconds"])})
         for r in rows.values():
             r.setdefault("failed_recent", 0)
             r.setdefault("limit", None)
+            r.setdefault("budgets", [])
         return [rows[q] for q in sorted(rows)]
 
     def failed_recent(self, seconds: float) -> dict[str, int]:
         return dict(self._rows(self.app.store.dashboard_failed_recent(float(seconds))))
+
+    def limits(self) -> list[dict[str, Any]]:
+        """Every limited or paused queue with its limits, pause and current usage (admin.limits)."""
+        with self.connection() as conn:
+            return admin.limits(self.app, conn)
 
     def budgets(self) -> list[dict[str, Any]]:
         """Every budget with each key's spend in its current window (App.budget_status)."""

@@ -79,17 +79,47 @@ class JoblaneCollector(Collector):
         waiting = GaugeMetricFamily("joblane_budget_waiting_jobs",
                                     "Pending jobs held back because their key has reached its budget's cap.",
                                     labels=["budget", "key"])
+        operator = GaugeMetricFamily(
+            "joblane_budget_cap_set_by_operator",
+            "1 when an operator set the budget's cap (joblane budgets set), standing over the one declared in code"
+            " until `joblane budgets reset`; 0 when the cap in force is the declared one.", labels=["budget"])
         capped: set[str] = set()
         for b in self.data.budgets():
             if b["budget"] not in capped:
                 capped.add(b["budget"])
                 cap.add_metric([b["budget"]], b["cap"])
+                operator.add_metric([b["budget"]], 1.0 if b["cap_source"] == "operator" else 0.0)
             if b["key"] is not None:
                 spend.add_metric([b["budget"], b["key"]], b["spent"] + b["in_flight"])
                 waiting.add_metric([b["budget"], b["key"]], b["waiting"])
         yield spend
         yield cap
+        yield operator
         yield waiting
+
+        paused = GaugeMetricFamily(
+            "joblane_queue_paused_seconds",
+            "Seconds a paused queue stays paused (RetryAfter(pause_queue=True), `joblane limits pause`), with why.",
+            labels=["queue", "reason"])
+        limit = GaugeMetricFamily("joblane_queue_limit", "Each limit of a limited queue: starts per window"
+                                  " (rate), running jobs (concurrency), weighted cost per window (tokens).",
+                                  labels=["queue", "limit"])
+        used = GaugeMetricFamily("joblane_queue_limit_used", "What a limited queue uses of each limit now.",
+                                 labels=["queue", "limit"])
+        now = time.time()
+        for q in self.data.limits():
+            if q["paused_until"] is not None:
+                paused.add_metric([q["queue"], q["pause_reason"] or ""],
+                                  max(0.0, q["paused_until"].timestamp() - now))
+            for name, most, current in (("rate", q["max_starts"], q["starts"]),
+                                        ("concurrency", q["concurrency"], q["running"]),
+                                        ("tokens", q["max_cost"], q["cost"])):
+                if most is not None:
+                    limit.add_metric([q["queue"], name], most)
+                    used.add_metric([q["queue"], name], current or 0)
+        yield paused
+        yield limit
+        yield used
 
         messages = GaugeMetricFamily("joblane_outbox_messages",
                                      "Outbox rows per topic: pending and failed (exact), sent in the last hour.",
@@ -129,6 +159,14 @@ class JoblaneCollector(Collector):
         yield GaugeMetricFamily("joblane_oldest_transaction_seconds",
                                 "Age of the database's oldest open transaction (it holds back every vacuum).",
                                 value=health["oldest_transaction_seconds"] or 0.0)
+        ai = GaugeMetricFamily(
+            "joblane_ai_rows", "Rows of step_cache and budget_usage: live, and due for the worker's pruner (expired"
+            " results, claims that ran out an hour ago, budget windows that ended longer ago than the longest window).", labels=["table", "state"])
+        ai.add_metric(["step_cache", "live"], health["ai"]["cache_results"] - health["ai"]["cache_expired"])
+        ai.add_metric(["step_cache", "due"], health["ai"]["cache_expired"] + health["ai"]["cache_lost_claims"])
+        ai.add_metric(["budget_usage", "live"], health["ai"]["budget_windows"] - health["ai"]["budget_windows_due"])
+        ai.add_metric(["budget_usage", "due"], health["ai"]["budget_windows_due"])
+        yield ai
         yield GaugeMetricFamily("joblane_health_warnings",
                                 "Warnings of `joblane status --health` (autovacuum off or behind, old transactions).",
                                 value=len(health["warnings"]))

@@ -97,6 +97,11 @@ class Completer:
                 applied = [r[0] for r in await store.records(conn, self.store.complete_jobs(outcome_rows(full),
                                                                                              self.name))]
             if lean:
+                costs = [o for o in lean if o.meta is not None]
+                if costs:  # what the tries recorded (their cost) goes on their budget holds and starts first
+                    await store.run(conn, self.store.settle_lean_costs(
+                        "[" + ",".join(f'{{"id":{o.job_id},"attempt":{o.attempt},"meta":{o.meta}}}' for o in costs)
+                        + "]"))
                 applied += [r[0] for r in await store.records(conn, self.store.delete_done(
                     [o.job_id for o in lean], [o.attempt for o in lean], self.name))]
             skipped = len(batch) - len(applied)

@@ -62,8 +62,9 @@ async def execute(task: Task | None, job: Job, threads: Executor | None,  # noqa
                 check_json_text("the task's return value", result)
             except JoblaneError as exc:
                 raise PermanentError(str(exc)) from None
-        if task.lean:  # nothing of a lean task's success is kept: no result, no meta to build
-            return Outcome.done(job.id, job.attempt, started_at=started, finished_at=now(), lean=True)
+        if task.lean:  # nothing of a lean task's success is kept: no result; what it recorded only for its cost
+            return Outcome.done(job.id, job.attempt, started_at=started, finished_at=now(), lean=True,
+                                meta=_meta(job) if job.meta else None)
         return Outcome.done(job.id, job.attempt, result=result, started_at=started, finished_at=now(),
                             meta=_meta(job))
     except asyncio.CancelledError:

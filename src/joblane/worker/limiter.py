@@ -1,10 +1,13 @@
-"""The worker's side of queue limits and pauses: which of its queues are limited or paused, and the limited claim.
+"""The worker's side of queue limits, budgets and pauses: which of its queues are limited, budgeted or paused,
+and the limited claim.
 
 Limits are declared with ``app.limit(...)`` or ``joblane limits set``
-(``joblane.ratelimit``) and enforced in the database, so every worker on
-every host shares them. A limited queue is claimed through
-``claim_jobs_limited`` (one short transaction, see sql/limits.sql); queues
-without limits keep the plain claim, untouched.
+(``joblane.ratelimit``), spend caps with ``app.budget(...)`` or ``joblane
+budgets set`` (``joblane.budgets``), and both are enforced in the database,
+so every worker on every host shares them. A queue with limits, budgets or
+both is claimed through ``claim_jobs_limited`` (one short transaction, see
+sql/limits.sql), which enforces them together; queues with neither keep the
+plain claim, untouched.
 
 ``RetryAfter(seconds, pause_queue=True)`` pauses the whole queue: the worker
 that caught it stops claiming from the queue at once and writes
@@ -25,6 +28,7 @@ from typing import Any, Callable, Mapping
 
 from .. import store
 from ..lifecycle import retry_delay, sleep_unless
+from ..migrations import lock_key
 from ..ratelimit import Limit
 from ..rules import first_line
 from ..store import Store
@@ -48,9 +52,9 @@ class Limiter:
         self.limits = limits
         self.budgets = budgets or {}  # name -> budgets.Budget, written at start like the limits
         self.refresh_interval = refresh_interval
-        self.limited: set[str] = set()
-        self.budgeted: set[str] = set()  # queues with spend caps (budgets): the budgeted claim
-        self._warned: set[str] = set()
+        self.limited: set[str] = set()  # queues with limits or budgets: the limited claim
+        self.budgeted: set[str] = set()  # of those, the queues with spend caps: the claim folds their holds first
+        self._locks: dict[str, int] = {}  # queue -> advisory key of its claims (lock_queue_claims)
         self.active = False
         self._wake = wake
         self._paused: dict[str, float] = {}  # queue -> time.monotonic() when the pause ends
@@ -70,7 +74,8 @@ class Limiter:
                     for limit in self.limits.values():
                         await store.run(conn, self.store.upsert_queue_limit(*limit.args()))
                     for budget in self.budgets.values():
-                        await store.run(conn, self.store.upsert_budget(*budget.args()))
+                        declared = await store.records(conn, self.store.declare_budget(*budget.args()))
+                        self._note_operator_cap(budget, declared)
                     await self._refresh(conn)
                 return
             except asyncio.CancelledError:
@@ -82,6 +87,14 @@ class Limiter:
                 delay = retry_delay(failures, base=0.2, cap=5.0)
                 log.warning("cannot load queue limits (%s); retrying in %.1fs", first_line(exc), delay)
                 await asyncio.sleep(delay)
+
+    @staticmethod
+    def _note_operator_cap(budget: Any, declared: list) -> None:
+        """Say so when a cap an operator set stands over the one the app declares."""
+        if declared and declared[0]["cap_source"] == "operator" and declared[0]["cap"] != budget.cap:
+            log.warning("budget %s: the cap an operator set (%g, at %s) stands over the declared %g; "
+                        "`joblane budgets reset %s` returns to the declared cap", budget.name, declared[0]["cap"],
+                        declared[0]["cap_set_at"], budget.cap, budget.name)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Refresh the limited and paused queues every ``refresh_interval`` seconds (jittered)."""
@@ -105,9 +118,9 @@ class Limiter:
     async def _refresh(self, conn: Any) -> None:
         rows = await store.records(conn, self.store.queue_controls(self.queues))
         now = time.monotonic()
-        self.limited = {r[0] for r in rows if r[1]}
-        self.budgeted = {r[0] for r in await store.records(conn, self.store.budgeted_queues(self.queues))}
-        paused = {r[0]: now + float(r[2]) for r in rows if not r[1]}
+        self.limited = {r[0] for r in rows if r[1] != "pause"}
+        self.budgeted = {r[0] for r in rows if r[1] == "budget"}
+        paused = {r[0]: now + float(r[2]) for r in rows if r[1] == "pause"}
         for queue in self._recording & self._paused.keys():
             paused[queue] = max(paused.get(queue, 0.0), self._paused[queue])
         self._paused = paused
@@ -116,7 +129,7 @@ class Limiter:
             self._wake_at(min(self._paused.values()))
 
     def _update(self) -> None:
-        self.active = bool(self.limited) or bool(self.budgeted) or any(q in self.queues for q in self._paused)
+        self.active = bool(self.limited) or any(q in self.queues for q in self._paused)
 
     def _wake_at(self, at: float) -> None:
         """Wake the claim loop at monotonic time ``at`` (keeps only the earliest pending wake-up)."""
@@ -169,9 +182,9 @@ class Limiter:
             for queue in [q for q, until in self._paused.items() if until <= now]:
                 del self._paused[queue]
             self._update()
-        controlled = self.limited | self.budgeted
-        plain = [q for q in self.queues if q not in controlled and q not in self._paused]
-        groups: list[str | None] = [q for q in self.queues if q in controlled and q not in self._paused]
+        limited = self.limited
+        plain = [q for q in self.queues if q not in limited and q not in self._paused]
+        groups: list[str | None] = [q for q in self.queues if q in limited and q not in self._paused]
         if plain:
             groups.append(None)
         if self._paused:
@@ -189,31 +202,25 @@ class Limiter:
                     rows.extend(await store.records(conn, self.store.claim_jobs(plain, want, worker, lease)))
             else:
                 want = min(n, run_free) - len(rows)
-                if want > 0 and group in self.budgeted:
-                    rows.extend(await self._claim_budgeted(conn, group, want, worker, lease))
-                elif want > 0:
+                if want > 0:
                     rows.extend(await self._claim_limited(conn, group, want, worker, lease))
         return rows
 
     async def _claim_limited(self, conn: Any, queue: str, n: int, worker: str, lease: float) -> list:
+        """The claim of a queue with limits, budgets or both (sql/limits.sql): one statement enforces them
+        together, after the queue's lock and, when it has budgets, the fold of its finished tries' holds."""
+        key = self._locks.get(queue)
+        if key is None:
+            key = self._locks[queue] = lock_key(self.store.schema, f"claim:{queue}")
         async with conn.transaction():
-            await store.records(conn, self.store.lock_queue_limit(queue))
+            await store.records(conn, self.store.lock_queue_claims(key))
+            if queue in self.budgeted:
+                await store.records(conn, self.store.fold_budget_holds(queue))
             result = await store.records(conn, self.store.claim_jobs_limited(queue, n, worker, lease))
         return self._claimed(result, n)
 
-    async def _claim_budgeted(self, conn: Any, queue: str, n: int, worker: str, lease: float) -> list:
-        """The claim of a queue with spend caps (sql/ai.sql): keys at their cap get no job until their window rolls."""
-        if queue in self.limited and queue not in self._warned:
-            self._warned.add(queue)
-            log.warning("queue %s has both rate limits and budgets: its claims follow the budgets only", queue)
-        async with conn.transaction():
-            await store.records(conn, self.store.lock_budgets(queue))
-            await store.records(conn, self.store.fold_budget_holds(queue))
-            result = await store.records(conn, self.store.claim_jobs_budgeted(queue, n, worker, lease))
-        return self._claimed(result, n)
-
     def _claimed(self, result: list, n: int) -> list:
-        """The jobs a limited or budgeted claim leased (its result has one row with no job when it leased
+        """The jobs a limited claim leased (its result has one row with no job when it leased
         none); when it leased fewer than ``n`` because of a limit, wake the claim loop when that ends."""
         rows = [r for r in result if r[0] is not None]
         retry_in = result[0]["retry_in"] if result else None
