@@ -12,6 +12,7 @@ import pytest
 
 import joblane
 from joblane.maintenance import Pruner, Rescuer, Vacuumer
+from joblane.maintenance import vacuumer as vacuumer_module
 from joblane.store import outcome_rows
 from joblane.types import Outcome
 from joblane.testing import drain
@@ -134,6 +135,7 @@ async def test_the_vacuumer_stops_while_a_session_holds_the_horizon_and_names_it
     pid = holder.info.backend_pid
     c = await asyncpg.connect(joblane_dsn)
     try:
+        await asyncio.sleep(vacuumer_module.HELD_SECONDS)  # a younger snapshot is ordinary traffic
         vacuumer = Vacuumer(app.store, tables=("jobs",), interval=0.001, check=0.001, min_dead=250)
         with conn.transaction():
             conn.execute(f"UPDATE {table(app, 'jobs')} SET priority = 1 WHERE id = ANY(%s)", (ids,))

@@ -11,6 +11,11 @@ from ..store import Statement, Store
 from .service import Service
 
 
+# a session whose snapshot or transaction is at least this old, found behind a vacuum that removed next
+# to nothing, holds the horizon; a younger one is a busy database's ordinary traffic
+HELD_SECONDS = 5.0
+
+
 class Vacuumer(Service):
     """Vacuums ``tables`` (of ``jobs`` and ``outbox``) whose dead row versions reach ``min_dead``.
 
@@ -107,6 +112,8 @@ class Vacuumer(Service):
         if not rows:
             return
         holder = dict(zip(HORIZON_KEYS, rows[0]))
+        if holder["seconds"] is not None and holder["seconds"] < HELD_SECONDS:
+            return  # the versions were just deleted and a short transaction still sees them: not a held horizon
         self.blocked[table] = holder
         self.log.warning("%s: vacuum of %s could remove %s of %s dead row versions: %s holds back the horizon; "
                          "%s is not vacuumed again until it ends", self.name, table, f"{max(before - left, 0):,}",
