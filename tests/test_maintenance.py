@@ -160,6 +160,30 @@ async def test_the_vacuumer_stops_while_a_session_holds_the_horizon_and_names_it
         await c.close()
 
 
+async def test_the_pruner_waits_while_a_session_holds_the_horizon(app, conn, joblane_dsn, caplog):
+    """Deleting under a held horizon only makes dead rows no vacuum can remove: the pruner names the holder
+    and waits, then deletes once it ends."""
+    old = [fabricate(conn, app, state="done", finished="2 hours") for _ in range(20)]
+    holder = psycopg.connect(joblane_dsn, application_name="weekly export")
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT 1").fetchone()
+    c = await asyncpg.connect(joblane_dsn)
+    try:
+        pruner = Pruner(app.store, retention=3600)
+        pruner.horizon_pause = 0.0  # as if the session had held it for a minute
+        with caplog.at_level("INFO", logger="joblane"):
+            assert await pruner.run_once(c) == []
+            assert count(conn, app, "id = ANY(%s)", (old,)) == 20
+            said = [r.getMessage() for r in caplog.records if "deleting waits until it ends" in r.getMessage()]
+            assert len(said) == 1 and f"session pid {holder.info.backend_pid} (weekly export" in said[0]
+            holder.rollback()
+            assert sorted(await pruner.run_once(c)) == sorted(old)
+            assert any("deleting again" in r.getMessage() for r in caplog.records)
+    finally:
+        holder.close()
+        await c.close()
+
+
 def test_status_health_names_the_session_that_holds_the_horizon(app, conn, joblane_dsn):
     from joblane import admin
 

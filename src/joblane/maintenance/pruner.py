@@ -24,6 +24,7 @@ class Pruner(Service):
     name = "pruner"
     max_batches = 4  # per round: short transactions, many rounds when behind
     report_level = logging.DEBUG
+    horizon_pause = 60.0  # see Service.horizon_held
 
     def __init__(self, store: Store, *, retention: float = 7 * 86400.0, prune_failed: bool = False,
                  interval: float = 10.0, batch: int = 5000, **kw: Any):
@@ -38,6 +39,9 @@ class Pruner(Service):
 
     async def _work(self, conn: Any) -> list[int]:
         """The ids of the jobs deleted."""
+        if await self.horizon_held(conn):
+            self.behind = False
+            return []
         stmt = self.store.prune_finished(self.retention, self.prune_failed, self.batch)
         pruned = [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
         if not self.behind:  # batches none of whose jobs are left, and signals no job waited for

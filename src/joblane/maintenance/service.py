@@ -10,7 +10,7 @@ from typing import Any
 from .. import store
 from ..lifecycle import sleep_unless
 from ..migrations import lock_key
-from ..rules import first_line
+from ..rules import HORIZON_KEYS, first_line, holder_text
 from ..store import Statement, Store
 
 
@@ -65,6 +65,34 @@ class Service:
                 return rows
         self.behind = True
         return rows
+
+    # Pruners: a holder of vacuum's horizon this many seconds old pauses the deletes. Each row deleted
+    # under it is a dead version no vacuum can remove until it ends, which every later round's walk
+    # from the oldest finished row would step over again; history waits a little longer instead.
+    horizon_pause: float | None = None
+    _paused_by: dict[str, Any] | None = None
+
+    async def horizon_held(self, conn: Any) -> bool:
+        """Whether a session, slot or prepared transaction has held the horizon ``horizon_pause`` seconds
+        or more (said once in the log when the pause begins, and when it ends)."""
+        rows = await store.records(conn, self.store.horizon_holder())
+        holder = dict(zip(HORIZON_KEYS, rows[0])) if rows else None
+        if holder is None:
+            held = False
+        elif holder["seconds"] is None:  # a replication slot: holding only when far behind
+            held = (holder["xid_age"] or 0) >= 1_000_000
+        else:
+            held = holder["seconds"] >= (self.horizon_pause or 0)
+        if held and (self._paused_by is None or self._paused_by["who"] != holder["who"]):
+            self.log.warning("%s: %s holds back vacuum's horizon: deleting waits until it ends (a row deleted "
+                             "now could not be vacuumed away)", self.name, holder_text(holder),
+                             extra={"joblane": {"horizon": holder}})
+            self._paused_by = holder
+        elif not held and self._paused_by is not None:
+            self.log.info("%s: the horizon moved on (%s no longer holds it): deleting again", self.name,
+                          holder_text(self._paused_by).split(" (")[0])
+            self._paused_by = None
+        return held
 
     def starting(self) -> None:
         """Called once before the first round (a log line, say)."""
