@@ -8,7 +8,8 @@
 For each system in turn (joblane, PgQueuer, PGMQ; one at a time, each in a
 fresh database of one PostgreSQL cluster): one worker at the library's
 defaults, a producer committing ``--rate`` jobs a second one per
-transaction, and for joblane the outbox relay delivering ``--relay-rate``
+transaction (on two connections, each at half the rate, so that a slow WAL
+flush on a busy machine does not cap what it offers), and for joblane the outbox relay delivering ``--relay-rate``
 messages a second (one per transaction too) to a sink in its own process
 that drops them. After ``--warmup`` seconds a session opens a REPEATABLE
 READ transaction, runs a query (so its snapshot is taken and its xmin

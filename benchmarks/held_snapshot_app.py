@@ -2,7 +2,7 @@
 
     joblane worker benchmarks.held_snapshot_app:app        # the worker, at its defaults
     joblane relay benchmarks.held_snapshot_app:app         # the relay, to a sink in its process
-    python -m benchmarks.held_snapshot_app JOBS_PER_S MESSAGES_PER_S SECONDS   # the producer
+    python -m benchmarks.held_snapshot_app JOBS_PER_S MESSAGES_PER_S SECONDS [CONNECTIONS]   # the producer
 
 Each job's payload and each message's payload carry the wall time just
 before its INSERT (``t``); the task and the sink append ``start latency``
@@ -87,20 +87,28 @@ def paced(rate: float, seconds: float, one, counter: list[int]) -> None:
             started = time.monotonic() - n / rate
 
 
-def produce(jobs_per_s: float, messages_per_s: float, seconds: float) -> None:
-    """One job per transaction at ``jobs_per_s``; one outbox message per transaction at ``messages_per_s``, each on its own connection."""
-    counts = [[0], [0]]
+def produce(jobs_per_s: float, messages_per_s: float, seconds: float, connections: int = 2) -> None:
+    """One job per transaction at ``jobs_per_s`` from ``connections`` connections (each a share of the rate);
+    one outbox message per transaction at ``messages_per_s`` on a connection of its own.
 
-    def jobs() -> None:
+    One connection alone would be bound by the commit's round trip: when
+    other work on the machine makes a WAL flush take 1 ms, it cannot offer
+    1,000 jobs a second.
+    """
+    job_counts = [[0] for _ in range(connections)]
+    message_count = [0]
+
+    def jobs(counter: list[int]) -> None:
         with psycopg.connect(app.dsn, autocommit=True) as conn:
-            paced(jobs_per_s, seconds, lambda n: app.enqueue(conn, "noop", {"t": time.time(), "n": n}), counts[0])
+            paced(jobs_per_s / connections, seconds,
+                  lambda n: app.enqueue(conn, "noop", {"t": time.time(), "n": n}), counter)
 
     def messages() -> None:
         with psycopg.connect(app.dsn, autocommit=True) as conn:
             paced(messages_per_s, seconds, lambda n: app.publish(conn, "held.m", {"t": time.time(), "n": n}),
-                  counts[1])
+                  message_count)
 
-    threads = [threading.Thread(target=jobs, daemon=True)]
+    threads = [threading.Thread(target=jobs, args=(c,), daemon=True) for c in job_counts]
     if messages_per_s > 0:
         threads.append(threading.Thread(target=messages, daemon=True))
     for t in threads:
@@ -109,9 +117,9 @@ def produce(jobs_per_s: float, messages_per_s: float, seconds: float) -> None:
     with open(path, "a") as out:
         while any(t.is_alive() for t in threads):
             time.sleep(0.2)
-            out.write(f"{time.time():.4f} {counts[0][0]} {counts[1][0]}\n")
+            out.write(f"{time.time():.4f} {sum(c[0] for c in job_counts)} {message_count[0]}\n")
             out.flush()
 
 
 if __name__ == "__main__":
-    produce(float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]))
+    produce(float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 2)

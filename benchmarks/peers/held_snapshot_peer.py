@@ -6,8 +6,9 @@
 
 The same roles for ``pgmq``. Each payload carries the wall time just before
 its INSERT (``t``); the handler appends ``start latency`` lines to
-``$HELD_OUT/handled``, the producer its running count to
-``$HELD_OUT/produced``, as benchmarks/held_snapshot_app.py does for joblane.
+``$HELD_OUT/handled``, the producer (two connections, each at half the
+rate) its running count to ``$HELD_OUT/produced``, as
+benchmarks/held_snapshot_app.py does for joblane.
 
 - PgQueuer: ``Queries.install()``; a ``QueueManager`` on one asyncpg
   connection with batch_size 10 and max_concurrent_tasks 20 (the profile
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
 
 OUT = os.environ.get("HELD_OUT", ".")
+CONNECTIONS = 2  # the producer's connections, each at half the rate (as benchmarks/held_snapshot_app.py)
 
 
 class Recorder:
@@ -58,26 +60,33 @@ class Recorder:
                     out.flush()
 
 
-async def paced(rate: float, seconds: float, one) -> None:
-    """Await ``one(n)`` ``rate`` times a second for ``seconds``, writing the count to ``produced`` every 0.2 s."""
+async def paced(rate: float, seconds: float, one, counter: list[int]) -> None:
+    """Await ``one(n)`` ``rate`` times a second for ``seconds``; behind by more than 0.5 s, drop the debt."""
+    started = time.monotonic()
+    n = 0
+    while time.monotonic() - started < seconds:
+        await one(n)
+        n += 1
+        counter[0] = n
+        ahead = started + n / rate - time.monotonic()
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+        elif -ahead > 0.5:
+            started = time.monotonic() - n / rate
+
+
+async def produce(rate: float, seconds: float, senders: list) -> None:
+    """Each sender (a coroutine function of n, on a connection of its own) at an equal share of ``rate``;
+    the total count goes to ``produced`` every 0.2 s."""
+    counts = [[0] for _ in senders]
+    tasks = [asyncio.create_task(paced(rate / len(senders), seconds, send, c)) for send, c in zip(senders, counts)]
     with open(os.path.join(OUT, "produced"), "a") as out:
-        started = time.monotonic()
-        n = 0
-        written = 0.0
-        while time.monotonic() - started < seconds:
-            await one(n)
-            n += 1
-            now = time.monotonic()
-            if now - written >= 0.2:
-                out.write(f"{time.time():.4f} {n} 0\n")
-                out.flush()
-                written = now
-            ahead = started + n / rate - time.monotonic()
-            if ahead > 0:
-                await asyncio.sleep(ahead)
-            elif -ahead > 0.5:
-                started = time.monotonic() - n / rate
-        out.write(f"{time.time():.4f} {n} 0\n")
+        while not all(t.done() for t in tasks):
+            await asyncio.wait(tasks, timeout=0.2)
+            out.write(f"{time.time():.4f} {sum(c[0] for c in counts)} 0\n")
+            out.flush()
+    for t in tasks:
+        t.result()
 
 
 # --------------------------------------------------------------------------
@@ -95,8 +104,11 @@ async def pgqueuer(role: str, dsn: str, args: list[str]) -> None:
         await queries.install()
     elif role == "produce":
         rate, seconds = float(args[0]), float(args[1])
-        await paced(rate, seconds,
-                    lambda n: queries.enqueue(ENTRYPOINT, json.dumps({"t": time.time(), "n": n}).encode()))
+        senders = []
+        for _ in range(CONNECTIONS):
+            q = Queries(AsyncpgDriver(await common.connect(dsn)))
+            senders.append(lambda n, q=q: q.enqueue(ENTRYPOINT, json.dumps({"t": time.time(), "n": n}).encode()))
+        await produce(rate, seconds, senders)
     else:
         handled = Recorder("handled")
         worker = Worker(dsn, PROFILES["defaults"], lambda job: handled.add(json.loads(job.payload)["t"]))
@@ -117,14 +129,16 @@ async def pgmq(role: str, dsn: str, args: list[str]) -> None:
 
     if role == "install":
         await asyncio.to_thread(install, dsn)
-    queue = PGMQueue(conn_string=dsn, init_extension=False, pool_size=2)
+    queue = PGMQueue(conn_string=dsn, init_extension=False, pool_size=CONNECTIONS + 1)
     await queue.init()
     async with queue.pool.acquire() as conn:
         if role == "install":
             await queue.create_queue(QUEUE, conn=conn)
         elif role == "produce":
             rate, seconds = float(args[0]), float(args[1])
-            await paced(rate, seconds, lambda n: queue.send(QUEUE, {"t": time.time(), "n": n}, conn=conn))
+            conns = [await queue.pool.acquire() for _ in range(CONNECTIONS)]
+            await produce(rate, seconds, [lambda n, c=c: queue.send(QUEUE, {"t": time.time(), "n": n}, conn=c)
+                                          for c in conns])
         else:
             handled = Recorder("handled")
             qty = PROFILES["defaults"]["qty"]
