@@ -21,7 +21,9 @@ started per second, the backlog (committed minus started), pick-up p50/p99
 (from the wall time just before the job's INSERT to its handler's start),
 the mean time of the claim statement (pg_stat_statements, when loaded: it is
 in the cluster this script starts) and, for joblane, the entries of its
-index jobs_ready each claim read (idx_tup_read), the heap and index size of the system's
+index jobs_ready each claim read (idx_tup_read), the cluster's WAL bytes per
+job enqueued (everything written in the interval, the relay's and vacuum's
+too), the heap and index size of the system's
 tables, their dead tuples (pg_stat_get_dead_tuples) and the vacuums run on
 them. The relay's messages per second and delivery p99 are on joblane's
 rows. At the end of each phase the claim runs once under EXPLAIN (ANALYZE,
@@ -242,6 +244,10 @@ class Run:
         row = conn.execute("SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = %s", (name,)).fetchone()
         return None if row is None else int(row[0])
 
+    def wal(self, conn) -> int:
+        """The cluster's WAL position in bytes (one system runs at a time: its load writes nearly all of it)."""
+        return int(conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')").fetchone()[0])
+
     def sizes(self, conn) -> dict[str, tuple[int, int, int, int]]:
         nspname, like = TABLES[self.system]
         return {r[0]: (r[1], r[2], r[3], r[4]) for r in conn.execute(SIZES, (nspname, like))}
@@ -276,12 +282,12 @@ class Run:
         produced = [0, 0]
         handled_total = sent_total = 0
         last = {"at": started, "produced": [0, 0], "claim": self.claim_stats(conn) if has_pgss else None,
-                "index_reads": self.index_reads(conn)}
+                "index_reads": self.index_reads(conn), "wal": self.wal(conn)}
         print(f"\n{self.system}: {a.rate:g} jobs/s" + (f", relay {a.relay_rate:g} messages/s" if
               self.system == "joblane" and a.relay_rate > 0 else "") +
               f"; warm-up {a.warmup:g} s, hold {a.hold:g} s, after {a.after:g} s; rows every {a.every:g} s")
         header = ["t s", "phase", "offered/s", "finished/s", "backlog", "p50 ms", "p99 ms", "claim ms",
-                  "entries/claim", "heap MB",
+                  "entries/claim", "WAL B/job", "heap MB",
                   "index MB", "dead", "vacuums"]
         if self.system == "joblane" and a.relay_rate > 0:
             header += ["relay/s", "relay p99 ms", "unsent"]
@@ -334,6 +340,8 @@ class Run:
                     claim_ms = (claim[1] - last["claim"][1]) / (claim[0] - last["claim"][0])
                 sizes = self.sizes(conn)
                 reads = self.index_reads(conn)
+                wal = self.wal(conn)
+                jobs = produced[0] - last["produced"][0]
                 per_claim = None
                 if reads is not None and last["index_reads"] is not None and claim and last["claim"] \
                         and claim[0] > last["claim"][0]:
@@ -351,6 +359,8 @@ class Run:
                     "index_entries_per_claim": None if per_claim is None else round(per_claim),
                     "claims_per_s": None if not (claim and last["claim"]) else
                     round((claim[0] - last["claim"][0]) / span, 1),
+                    # WAL of the interval per job enqueued in it (with the relay's, vacuum's and all else's)
+                    "wal_bytes_per_job": round((wal - last["wal"]) / jobs) if jobs > 0 else None,
                     "heap_bytes": sum(v[0] for v in sizes.values()),
                     "index_bytes": sum(v[1] for v in sizes.values()),
                     "dead_tuples": sum(v[2] for v in sizes.values()),
@@ -367,7 +377,7 @@ class Run:
                 self.rows.append(row)
                 self.latencies.append(lat)
                 self.relay_latencies.append(relay_lat)
-                last = {"at": now, "produced": produced, "claim": claim, "index_reads": reads}
+                last = {"at": now, "produced": produced, "claim": claim, "index_reads": reads, "wal": wal}
                 print(" | ".join(fmt(v) for v in self.row_cells(row)), flush=True)
         finally:
             if holding:
@@ -382,7 +392,8 @@ class Run:
 
     def row_cells(self, row: dict) -> list:
         cells = [row["t"], row["phase"], row["offered_per_s"], row["finished_per_s"], row["backlog"], row["p50_ms"],
-                 row["p99_ms"], row["claim_ms"], row["index_entries_per_claim"], row["heap_bytes"] / 2**20,
+                 row["p99_ms"], row["claim_ms"], row["index_entries_per_claim"], row["wal_bytes_per_job"],
+                 row["heap_bytes"] / 2**20,
                  row["index_bytes"] / 2**20,
                  row["dead_tuples"], row["vacuums"]]
         if "relay_per_s" in row:
@@ -404,6 +415,7 @@ class Run:
             lat = [x for i in picked for x in self.latencies[i]]
             claims = [r["claim_ms"] for r in rows if r["claim_ms"] is not None]
             entries = [r["index_entries_per_claim"] for r in rows if r["index_entries_per_claim"] is not None]
+            wals = [r["wal_bytes_per_job"] for r in rows if r["wal_bytes_per_job"] is not None]
             s = {
                 "window_s": window,
                 "offered_per_s": round(statistics.fmean(r["offered_per_s"] for r in rows), 1),
@@ -412,6 +424,7 @@ class Run:
                 "p99_ms": None if not lat else round(percentile(lat, 0.99) * 1000, 1),
                 "claim_ms": round(statistics.fmean(claims), 3) if claims else None,
                 "index_entries_per_claim": round(statistics.fmean(entries)) if entries else None,
+                "wal_bytes_per_job": round(statistics.fmean(wals)) if wals else None,
                 "backlog": rows[-1]["backlog"],
                 "dead_tuples": rows[-1]["dead_tuples"],
                 "heap_mb": round(rows[-1]["heap_bytes"] / 2**20, 1),
@@ -446,7 +459,8 @@ def fmt(v) -> str:
 
 def print_summary(results: list[dict], rate: float) -> None:
     print(f"\nsummary at {rate:g} jobs/s offered (last minute of each phase, or the whole phase when shorter)")
-    head = ["system", "phase", "offered/s", "finished/s", "p50 ms", "p99 ms", "claim ms", "entries/claim", "backlog",
+    head = ["system", "phase", "offered/s", "finished/s", "p50 ms", "p99 ms", "claim ms", "entries/claim",
+            "WAL B/job", "backlog",
             "dead",
             "heap MB", "index MB", "vacuums"]
     print(" | ".join(head))
@@ -461,7 +475,8 @@ def print_summary(results: list[dict], rate: float) -> None:
                 continue
             p = s[phase]
             cells = [r["system"], phase, p["offered_per_s"], p["finished_per_s"], p["p50_ms"], p["p99_ms"],
-                     p["claim_ms"], p["index_entries_per_claim"], p["backlog"], p["dead_tuples"], p["heap_mb"],
+                     p["claim_ms"], p["index_entries_per_claim"], p["wal_bytes_per_job"], p["backlog"],
+                     p["dead_tuples"], p["heap_mb"],
                      p["index_mb"], p["vacuums"]]
             print(" | ".join(fmt(c) for c in cells))
         extra = []

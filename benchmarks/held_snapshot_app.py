@@ -27,7 +27,7 @@ app = joblane.App()
 
 
 class Recorder:
-    """Lines of ``start latency`` (seconds) appended to a file by a thread every 0.2 s, so a handler only appends to a list."""
+    """``start latency`` lines (seconds) appended to a file every 0.2 s by a thread: a handler only appends."""
 
     def __init__(self, name: str) -> None:
         self.path = os.path.join(os.environ.get("HELD_OUT", "."), name)

@@ -34,6 +34,7 @@ def test_held_snapshot_benchmark_runs(joblane_dsn: str, tmp_path: Path) -> None:
         assert r["heap_bytes"] > 0 and r["index_bytes"] > 0 and r["dead_tuples"] >= 0
         assert "jobs" in r["tables"] and "outbox" in r["tables"]
     assert sum(r["finished_per_s"] for r in rows) > 0
+    assert any(r["wal_bytes_per_job"] and r["wal_bytes_per_job"] > 0 for r in rows)
     assert sum(r["relay_per_s"] for r in rows) > 0  # the relay delivered messages too
 
     summary = result["summary"]
