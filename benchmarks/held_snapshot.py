@@ -506,7 +506,7 @@ def main() -> int:
     parser.add_argument("--hold", type=float, default=600.0)
     parser.add_argument("--after", type=float, default=180.0)
     parser.add_argument("--every", type=float, default=10.0, help="seconds between rows")
-    parser.add_argument("--out", default=str(HERE / "results-held.json"))
+    parser.add_argument("--out", default=str(HERE / "held.json"))
     args = parser.parse_args()
     for name in ("rate", "warmup", "every"):
         if getattr(args, name) <= 0:

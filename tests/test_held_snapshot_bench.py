@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -47,3 +48,11 @@ def test_held_snapshot_benchmark_runs(joblane_dsn: str, tmp_path: Path) -> None:
     assert summary["hold_peak_backlog"] is not None
     assert set(result["explain"]) == {"before the hold", "mid-hold", "end of the hold"}
     assert "jobs_ready" in result["explain"]["end of the hold"]  # the claim's plan walks the ready index
+
+    # report.py turns the file into docs/benchmarks.md's section "Held snapshot"
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = module.held_section([report])
+    assert lines[0] == "## Held snapshot"
+    assert sum(line.startswith("| joblane | ") for line in lines) == 3  # before, end of the hold, after
