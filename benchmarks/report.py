@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turn benchmarks/results*.json into docs/benchmarks.md (tables) and docs/benchmarks.png (a plot).
+"""Turn benchmarks/results*.json (and held*.json) into docs/benchmarks.md (tables) and docs/benchmarks.png (a plot).
 
     python benchmarks/report.py                                  # every benchmarks/results*.json
     python benchmarks/report.py --results benchmarks/results-b.json
@@ -114,6 +114,71 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def held_section(runs: list[dict]) -> list[str]:
+    """benchmarks/held_snapshot.py's runs: the last minute of each phase per system, oldest run first."""
+    if not runs:
+        return []
+    lines = [
+        "## Held snapshot",
+        "",
+        "One worker at each library's defaults, a producer committing R jobs/s one per transaction (two "
+        "connections at R/2), for joblane the relay at M messages/s to a sink that drops them; after the "
+        "warm-up a session idles in a REPEATABLE READ transaction that has taken its snapshot, then commits. "
+        "Each system in turn in a fresh database of a cluster with PostgreSQL's defaults (autovacuum on) plus "
+        "pg_stat_statements. A cell is the last minute of the phase (the whole phase when shorter). Pick-up: "
+        "from just before the job's INSERT to its handler's start; claim: the claim statement's mean time; "
+        "entries/claim: `jobs_ready` entries read per claim; WAL: the cluster's WAL per job enqueued; tables: "
+        "heap + indexes of the system's tables. Offered is what the producer committed: on a busy 2-core "
+        "machine it can fall short of R.",
+        "",
+    ]
+
+    def ms(v: float | None) -> str:
+        if v is None:
+            return "-"
+        return f"{v / 1000:,.1f} s" if v >= 1000 else f"{v:,.1f} ms"
+
+    for run in sorted(runs, key=lambda r: r["when"]):
+        st = run["settings"]
+        m = run["machine"]
+        costs = [c for c in (m.get("commit_before"), m.get("commit_after")) if c]
+        shown = ", then ".join(f"{c['commit_ms']:.2f} ms" for c in costs)
+        cost = f"; a commit cost {shown} (before, after)" if costs else ""
+        lines += [f"R = {st['rate']:,.0f} jobs/s, relay {st['relay_rate']:,.0f} messages/s, "
+                  f"warm-up {st['warmup']:g} s, hold {st['hold']:g} s, after {st['after']:g} s: {run['when']}, "
+                  f"`{run['command']}`{cost}", "",
+                  "| system | phase | offered/s | finished/s | pick-up p50 / p99 | claim | entries/claim | WAL/job | "
+                  "backlog | dead tuples | tables |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        notes = []
+        for r in run["results"]:
+            name = SYSTEM_NAMES.get(r["system"], r["system"])
+            if "error" in r:
+                lines.append(f"| {name} | {r['error']} |||||||||")
+                continue
+            s = r["summary"]
+            for phase, label in (("before", "before"), ("hold", "end of the hold"), ("after", "after")):
+                if phase not in s:
+                    continue
+                p = s[phase]
+                claim = "-" if p["claim_ms"] is None else f"{p['claim_ms']:.2f} ms"
+                entries = "" if p.get("index_entries_per_claim") is None else f"{p['index_entries_per_claim']:,}"
+                wal = "" if p.get("wal_bytes_per_job") is None else f"{p['wal_bytes_per_job']:,} B"
+                lines.append(f"| {name} | {label} | {p['offered_per_s']:,.0f} | {p['finished_per_s']:,.0f} | "
+                             f"{ms(p['p50_ms'])} / {ms(p['p99_ms'])} | {claim} | {entries} | {wal} | "
+                             f"{p['backlog']:,} | {p['dead_tuples']:,} | "
+                             f"{p['heap_mb']:,.0f} + {p['index_mb']:,.0f} MB |")
+            if "hold_peak_backlog" in s:
+                rec = s.get("recovered_after_s")
+                notes.append(f"- {name}: " + (f"backlog under one second of work {rec:g} s after the release"
+                                              if rec is not None else "backlog still over one second of work at "
+                                              "the end") + (f"; relay in the hold {s['hold']['relay_per_s']:,.0f} "
+                                                            f"messages/s, p99 {ms(s['hold']['relay_p99_ms'])}"
+                                                            if "relay_per_s" in s.get("hold", {}) else ""))
+        lines += ["", *notes, ""]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", action="append",
@@ -122,6 +187,8 @@ def main() -> None:
     parser.add_argument("--extra", default=str(HERE / "extra.jsonl"),
                         help="joblane bench --json lines of workloads e, f, g (joblane alone)")
     parser.add_argument("--h", default=str(HERE / "h.json"), help="workload_h.py's results (joblane and PgQueuer)")
+    parser.add_argument("--held", action="append",
+                        help="held_snapshot.py's results (repeatable; default every benchmarks/held*.json)")
     args = parser.parse_args()
     paths = args.results or [str(p) for p in sorted(HERE.glob("results*.json"))]
     runs = sorted((json.loads(Path(p).read_text()) for p in paths), key=lambda run: run["when"])
@@ -212,6 +279,8 @@ def main() -> None:
         lines += ["", *[f"- {commit_text(c)} (measured by `joblane bench` at the start of a run)"
                         for c in costs.values()]]
         lines.append("")
+    held = args.held or [str(p) for p in sorted(HERE.glob("held*.json"))]
+    lines += held_section([json.loads(Path(p).read_text()) for p in held])
     plot(results, DOCS / "benchmarks.png")
     lines += ["![jobs/s per system](benchmarks.png)", ""]
     notes = HERE / "notes.md"
