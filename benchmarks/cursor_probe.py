@@ -401,6 +401,7 @@ def check_exactly_once(probe: Probe, seconds: float = 4.0, claimers: int = 3, pr
     rolled_back: list[int] = []
     claimed: list[tuple[int, int, bool]] = []
     errors: list[str] = []
+    calls: list[int] = []
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -436,6 +437,7 @@ def check_exactly_once(probe: Probe, seconds: float = 4.0, claimers: int = 3, pr
                     got = probe.claim(conn, order, rnd.randint(1, 7), f"c{seed}")
                     with lock:
                         claimed.extend(got)
+                        calls.append(len(got))
                     if not got:
                         time.sleep(0.002)
         except Exception as e:  # noqa: BLE001
@@ -465,6 +467,7 @@ def check_exactly_once(probe: Probe, seconds: float = 4.0, claimers: int = 3, pr
         "committed": len(committed), "rolled_back": len(rolled_back), "claimed": len(ids),
         "duplicates": duplicates, "missing": len(missing), "aborted_taken": len(aborted_taken),
         "unmarked": len(unmarked), "states": states, "cursor_rows": cursor_rows, "errors": errors,
+        "claims": len(calls), "claims_nonempty": sum(1 for n in calls if n),
         "ok": not errors and duplicates == 0 and not missing and not aborted_taken and not unmarked
               and len(ids) == len(committed) and states.get("running", 0) == len(committed),
     }
@@ -478,12 +481,17 @@ def check_no_wait(probe: Probe) -> dict:
         j8 = probe.produce(p, 8, 3)
         holder.execute("BEGIN")
         held = [r[0] for r in probe.claim(holder, [7], 1)]  # takes one job of lane 7, holds the lane
-        t0 = time.perf_counter()
-        both = probe.claim(c, [7, 8], 10)
-        t_both = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        only7 = probe.claim(c, [7], 10)
-        t_only7 = time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            both = probe.claim(c, [7, 8], 10)
+            t_both = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            only7 = probe.claim(c, [7], 10)
+            t_only7 = time.perf_counter() - t0
+        except psycopg.errors.QueryCanceled:  # it waited for the holder until statement_timeout
+            holder.execute("ROLLBACK")
+            return {"held_claim": held, "waited": True, "claim_7_8_ms": None, "claim_7_ms": None,
+                    "claim_7_8_got": [], "claim_7_got": [], "after_release": [], "ok": False}
         holder.execute("COMMIT")
         after = [r[0] for r in drain(probe, c, [7, 8])]
         return {
@@ -495,7 +503,43 @@ def check_no_wait(probe: Probe) -> dict:
         }
 
 
-def correctness(dsn: str, seconds: float = 4.0) -> dict:
+def measure_costs(probe: Probe, calls: int = 300) -> dict:
+    """What a claim costs with nothing to take: one lane, eight lanes (client-side mean, one connection);
+    a round trip of SELECT 1 for scale."""
+    lanes = list(range(100, 108))
+    with probe.connect() as c:
+        for lane in lanes:  # each lane has a cursor row, its range exhausted: the steady state of an idle lane
+            probe.produce(c, lane)
+        drain(probe, c, lanes)
+
+        def mean_ms(fn) -> float:
+            for _ in range(20):
+                fn()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            return (time.perf_counter() - t0) / calls * 1000
+
+        rows_before = c.execute(probe.q("SELECT count(*) FROM {s}.lane_cursors")).fetchone()[0]
+        out = {
+            "select_1_ms": mean_ms(lambda: c.execute("SELECT 1").fetchone()),
+            "empty_1_lane_ms": mean_ms(lambda: probe.claim(c, lanes[:1], 10)),
+            "empty_8_lanes_ms": mean_ms(lambda: probe.claim(c, lanes, 10)),
+        }
+        # an idle producer on another lane puts its xid into every new range's xip
+        idle = probe.connect()
+        idle.execute("BEGIN")
+        probe.produce(idle, 120)
+        drain(probe, c, lanes)
+        out["empty_8_lanes_idle_producer_ms"] = mean_ms(lambda: probe.claim(c, lanes, 10))
+        idle.execute("ROLLBACK")
+        idle.close()
+        out["cursor_rows_written_by_empty_claims"] = (
+            c.execute(probe.q("SELECT count(*) FROM {s}.lane_cursors")).fetchone()[0] - rows_before)
+    return out
+
+
+def correctness(dsn: str, seconds: float = 4.0, costs: bool = True) -> dict:
     probe = Probe(dsn, "cursor")
     probe.setup()
     try:
@@ -504,6 +548,7 @@ def correctness(dsn: str, seconds: float = 4.0) -> dict:
             "b_idle_producer": check_idle_producer(probe),
             "c_exactly_once": check_exactly_once(probe, seconds),
             "d_no_wait": check_no_wait(probe),
+            "costs": measure_costs(probe) if costs else None,
         }
     finally:
         probe.drop()
@@ -773,6 +818,14 @@ def print_checks(console, checks: dict) -> None:
                   f"lane 7 held: claim(7,8) {d['claim_7_8_ms']} ms -> {d['claim_7_8_got']}; "
                   f"claim(7) {d['claim_7_ms']} ms -> {d['claim_7_got']}; after release {d['after_release']}")
     console.print(table)
+    e = checks.get("costs")
+    if e:
+        console.print(f"A claim with nothing to take (mean of 300, client side): 1 lane {e['empty_1_lane_ms']:.3f} ms, "
+                      f"8 lanes {e['empty_8_lanes_ms']:.3f} ms, 8 lanes with a producer idle in a transaction "
+                      f"{e['empty_8_lanes_idle_producer_ms']:.3f} ms; SELECT 1 {e['select_1_ms']:.3f} ms; "
+                      f"cursor rows written by empty claims: {e['cursor_rows_written_by_empty_claims']}. "
+                      f"Check c: {c['claims']:,} claims ({c['claims_nonempty']:,} took jobs) wrote "
+                      f"{c['cursor_rows']:,} cursor rows.")
 
 
 def main() -> int:
@@ -820,7 +873,7 @@ def main() -> int:
             checks = correctness(dsn, args.check_seconds)
             result["checks"] = checks
             print_checks(console, checks)
-            ok = all(v["ok"] for v in checks.values())
+            ok = all(v["ok"] for k, v in checks.items() if k != "costs")
         if not args.checks_only:
             result["measured"] = {}
             for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
