@@ -203,7 +203,8 @@ BEGIN
 
         v_n := cardinality(v_jobs);
         -- an empty new range writes nothing: the older lo stays, and the next range is wider by as much
-        IF v_n > 0 OR NOT v_new_range THEN
+        -- (unless lo's xip had transactions hi sees ended: then lo moves on, so they are not probed again)
+        IF v_n > 0 OR NOT v_new_range OR cardinality(v_vis) > 0 THEN
             INSERT INTO {s}.lane_cursors (lane_id, lo, hi, last_xid, last_job, exhausted)
             VALUES (v_lane, v_lo, v_hi,
                     CASE WHEN v_n > 0 THEN v_xids[v_n] ELSE v_last_xid END,
@@ -503,6 +504,113 @@ def check_no_wait(probe: Probe) -> dict:
         }
 
 
+# the design's sketch: one scan, the xip(lo) part as an OR; its index condition starts at the resume point,
+# which is (0, 0) in every new range, so it walks the lane from its first entry
+SKETCH_SCAN = """
+SELECT r.xid, r.job_id FROM {s}.ready AS r
+ WHERE r.lane_id = %(lane)s
+   AND (r.xid, r.job_id) > (%(last_xid)s::xid8, %(last_job)s::bigint)
+   AND (r.xid >= pg_snapshot_xmax(%(lo)s::pg_snapshot) OR r.xid = ANY(ARRAY(SELECT pg_snapshot_xip(%(lo)s::pg_snapshot))))
+   AND r.xid < pg_snapshot_xmax(%(hi)s::pg_snapshot) AND pg_visible_in_snapshot(r.xid, %(hi)s::pg_snapshot)
+ ORDER BY r.xid, r.job_id
+ LIMIT %(limit)s
+"""
+
+
+def entries_read(probe: Probe, conn, statement, params=()) -> tuple[list, int, int]:
+    """Run a statement in a transaction and return its rows and the entries it read of ready's index and of
+    lane_cursors' (pg_stat_get_xact_tuples_returned: this transaction's own counts)."""
+    counts = probe.q("SELECT pg_stat_get_xact_tuples_returned('{s}.ready_lane_xid'::regclass),"
+                     " pg_stat_get_xact_tuples_returned('{s}.lane_cursors_latest'::regclass)")
+    # the backend's counts not yet flushed to the cumulative statistics: flushed between transactions only,
+    # so the difference within one transaction is the statement's own
+    with conn.transaction():
+        before = conn.execute(counts).fetchone()
+        rows = conn.execute(statement, params).fetchall()
+        after = conn.execute(counts).fetchone()
+    return rows, after[0] - before[0], after[1] - before[1]
+
+
+def claim_statement(probe: Probe, lanes: list[int], limit: int) -> tuple:
+    return (sql.SQL("SELECT job_id, lane_id, marked FROM {}.claim(%s, %s, %s, %s, %s)").format(probe.s),
+            (lanes, limit, "counted", 30.0, probe.space))
+
+
+def measure_walks(probe: Probe, history: int = 20000) -> dict:
+    """Index entries read, counted: the design's one-scan sketch against the two parts, on a lane with
+    `history` entries claimed already; a large aborted transaction in an idle lane; a producer idle in a
+    transaction."""
+    out: dict = {}
+    with probe.connect() as c:
+        lane = 130
+        for _ in range(history // 1000):
+            probe.produce(c, lane, 1000)
+        drain(probe, c, [lane], limit=1000, rounds=100)
+        fresh = probe.produce(c, lane, 5)
+        lo = c.execute(probe.q("SELECT hi::text FROM {s}.lane_cursors WHERE lane_id = %s ORDER BY step DESC LIMIT 1"),
+                       (lane,)).fetchone()[0]
+        hi = c.execute("SELECT pg_current_snapshot()::text").fetchone()[0]
+        params = {"lane": lane, "lo": lo, "hi": hi, "last_xid": "0", "last_job": 0, "limit": 20}
+        rows, sketch_entries, _ = entries_read(probe, c, probe.q(SKETCH_SCAN), params)
+        got, claim_entries, cursor_entries = entries_read(probe, c, *claim_statement(probe, [lane], 20))
+        out["history"] = history
+        out["sketch_new_range"] = {"returned": len(rows), "ready_entries_read": sketch_entries}
+        out["two_parts_new_range"] = {"returned": len(got), "ready_entries_read": claim_entries,
+                                      "cursor_entries_read": cursor_entries}
+        out["same_jobs"] = sorted(r[1] for r in rows) == sorted(r[0] for r in got) == sorted(fresh)
+
+        # an aborted transaction of 1,000 entries in an idle lane, begun while a range was open
+        lane = 131
+        probe.produce(c, lane)
+        drain(probe, c, [lane])
+        with probe.connect() as big:
+            big.execute("BEGIN")
+            probe.produce(big, lane, 1000)
+            _, during, _ = entries_read(probe, c, *claim_statement(probe, [lane], 20))
+            big.execute("ROLLBACK")
+        after = [entries_read(probe, c, *claim_statement(probe, [lane], 20))[1] for _ in range(4)]
+        out["aborted_1000_in_idle_lane"] = {"entries_read_while_open": during, "entries_read_next_claims": after}
+
+        # a producer idle in its transaction, 10 entries on a busy lane: what each claim of that lane reads
+        lane = 132
+        probe.produce(c, lane)
+        drain(probe, c, [lane])
+        with probe.connect() as idle:
+            idle.execute("BEGIN")
+            probe.produce(idle, lane, 10)
+            reads = []
+            for _ in range(5):
+                probe.produce(c, lane, 5)
+                got, n, m = entries_read(probe, c, *claim_statement(probe, [lane], 20))
+                reads.append((len(got), n))
+                drain(probe, c, [lane])
+            idle.execute("ROLLBACK")
+        out["idle_producer_10_entries"] = {"claims_taken_and_entries_read": reads}
+    return out
+
+
+def check_row_lock_wait(probe: Probe) -> dict:
+    """(e) the guard's update by primary key waits for a transaction that holds the job's row (a cancel, a
+    user's UPDATE) even though the lane itself is free: measured with a 1 s statement_timeout."""
+    with probe.connect() as other, probe.connect() as c, probe.connect() as p:
+        drain(probe, c, [140])
+        jobs = probe.produce(p, 140, 2)
+        other.execute("BEGIN")
+        other.execute(probe.q("UPDATE {s}.probe_jobs SET payload = 'touched' WHERE id = %s"), (jobs[0],))
+        c.execute("SET statement_timeout = '1s'")
+        t0 = time.perf_counter()
+        try:
+            got = [r[0] for r in probe.claim(c, [140], 10)]
+            waited = False
+        except psycopg.errors.QueryCanceled:
+            got, waited = [], True
+        took = time.perf_counter() - t0
+        other.execute("ROLLBACK")
+        c.execute("SET statement_timeout = 0")
+        after = [r[0] for r in drain(probe, c, [140])]
+        return {"waited": waited, "ms": round(took * 1000, 1), "got": got, "after": after}
+
+
 def measure_costs(probe: Probe, calls: int = 300) -> dict:
     """What a claim costs with nothing to take: one lane, eight lanes (client-side mean, one connection);
     a round trip of SELECT 1 for scale."""
@@ -549,6 +657,8 @@ def correctness(dsn: str, seconds: float = 4.0, costs: bool = True) -> dict:
             "c_exactly_once": check_exactly_once(probe, seconds),
             "d_no_wait": check_no_wait(probe),
             "costs": measure_costs(probe) if costs else None,
+            "walks": measure_walks(probe) if costs else None,
+            "e_row_lock": check_row_lock_wait(probe) if costs else None,
         }
     finally:
         probe.drop()
@@ -826,6 +936,21 @@ def print_checks(console, checks: dict) -> None:
                       f"cursor rows written by empty claims: {e['cursor_rows_written_by_empty_claims']}. "
                       f"Check c: {c['claims']:,} claims ({c['claims_nonempty']:,} took jobs) wrote "
                       f"{c['cursor_rows']:,} cursor rows.")
+    w = checks.get("walks")
+    if w:
+        console.print(f"Index entries read, lane with {w['history']:,} entries claimed already, 5 new: the design's "
+                      f"one-scan sketch {w['sketch_new_range']['ready_entries_read']:,} "
+                      f"(returned {w['sketch_new_range']['returned']}); the two parts "
+                      f"{w['two_parts_new_range']['ready_entries_read']:,} (returned "
+                      f"{w['two_parts_new_range']['returned']}); same jobs: {w['same_jobs']}. "
+                      f"Aborted 1,000-entry transaction in an idle lane: {w['aborted_1000_in_idle_lane']}. "
+                      f"Producer idle with 10 entries: (taken, entries read) per claim "
+                      f"{w['idle_producer_10_entries']['claims_taken_and_entries_read']}.")
+    r = checks.get("e_row_lock")
+    if r:
+        console.print(f"e. the guard's update by key while another transaction holds a pending job's row: "
+                      f"waited {r['waited']} ({r['ms']} ms, statement_timeout 1 s), got {r['got']}, "
+                      f"after its release {r['after']}")
 
 
 def main() -> int:
@@ -873,7 +998,7 @@ def main() -> int:
             checks = correctness(dsn, args.check_seconds)
             result["checks"] = checks
             print_checks(console, checks)
-            ok = all(v["ok"] for k, v in checks.items() if k != "costs")
+            ok = all(v["ok"] for k, v in checks.items() if k[:2] in ("a_", "b_", "c_", "d_"))
         if not args.checks_only:
             result["measured"] = {}
             for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
