@@ -478,6 +478,7 @@ def check_no_wait(probe: Probe) -> dict:
     """(d) a claim while another claim's transaction holds lane 7 returns at once, with lane 8's jobs only."""
     with probe.connect() as holder, probe.connect() as c, probe.connect() as p:
         c.execute("SET statement_timeout = '5s'")
+        probe.claim(c, [9], 10)  # the function's first call on a connection compiles and plans it: not timed
         j7 = probe.produce(p, 7, 3)
         j8 = probe.produce(p, 8, 3)
         holder.execute("BEGIN")
