@@ -139,6 +139,11 @@ DECLARE
     v_lanes int[] := '{{}}';
     v_n int;
 BEGIN
+    -- each statement below must take a snapshot of its own: the cursor row read after the lane lock has to see
+    -- the previous holder's commit. Under REPEATABLE READ it would read a stale cursor and take entries again.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'claim runs in READ COMMITTED only, not %', current_setting('transaction_isolation');
+    END IF;
     FOREACH v_lane IN ARRAY p_lanes LOOP
         v_wanted := p_limit - cardinality(v_taken);
         EXIT WHEN v_wanted <= 0;
@@ -590,6 +595,27 @@ def measure_walks(probe: Probe, history: int = 20000) -> dict:
     return out
 
 
+def check_isolation(probe: Probe) -> dict:
+    """(f) a claim inside a REPEATABLE READ transaction whose snapshot predates another claim: refused.
+    Without the refusal (checked on a copy of the function) it would read the older cursor row."""
+    with probe.connect() as rr, probe.connect() as c, probe.connect() as p:
+        drain(probe, c, [150])
+        jobs = probe.produce(p, 150, 3)
+        rr.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        rr.execute("SELECT 1")  # its snapshot: before the claim below
+        first = [r[0] for r in probe.claim(c, [150], 10)]
+        try:
+            again = probe.claim(rr, [150], 10)
+            refused = False
+        except psycopg.errors.RaiseException:
+            again, refused = [], True
+        except psycopg.errors.SerializationFailure as e:  # the copy without the refusal: it took them again
+            again, refused = [("serialization failure", str(e).splitlines()[0])], False
+        rr.execute("ROLLBACK")
+        return {"first": first, "refused": refused, "again": [list(r) for r in again],
+                "ok": refused and sorted(first) == sorted(jobs)}
+
+
 def check_row_lock_wait(probe: Probe) -> dict:
     """(e) the guard's update by primary key waits for a transaction that holds the job's row (a cancel, a
     user's UPDATE) even though the lane itself is free: measured with a 1 s statement_timeout."""
@@ -660,6 +686,7 @@ def correctness(dsn: str, seconds: float = 4.0, costs: bool = True) -> dict:
             "costs": measure_costs(probe) if costs else None,
             "walks": measure_walks(probe) if costs else None,
             "e_row_lock": check_row_lock_wait(probe) if costs else None,
+            "f_isolation": check_isolation(probe),
         }
     finally:
         probe.drop()
@@ -952,6 +979,10 @@ def print_checks(console, checks: dict) -> None:
         console.print(f"e. the guard's update by key while another transaction holds a pending job's row: "
                       f"waited {r['waited']} ({r['ms']} ms, statement_timeout 1 s), got {r['got']}, "
                       f"after its release {r['after']}")
+    i = checks.get("f_isolation")
+    if i:
+        console.print(f"f. a claim in a REPEATABLE READ transaction older than the last claim: refused {i['refused']} "
+                      f"(held: {i['ok']})")
 
 
 def main() -> int:
@@ -999,7 +1030,7 @@ def main() -> int:
             checks = correctness(dsn, args.check_seconds)
             result["checks"] = checks
             print_checks(console, checks)
-            ok = all(v["ok"] for k, v in checks.items() if k[:2] in ("a_", "b_", "c_", "d_"))
+            ok = all(v["ok"] for k, v in checks.items() if k[:2] in ("a_", "b_", "c_", "d_", "f_"))
         if not args.checks_only:
             result["measured"] = {}
             for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:

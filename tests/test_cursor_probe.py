@@ -4,7 +4,8 @@ The probe builds the claim in a scratch schema of its own (dropped at the end) a
 concurrent sessions: a job whose transaction commits after a later one's, and after a claim, is still
 claimed; a producer idle in its transaction does not stall the cursor and an aborted one's job is never
 returned; under producers and three claiming threads every committed job is taken exactly once; a claim
-passes over a lane another claim holds instead of waiting.
+passes over a lane another claim holds instead of waiting; a claim inside a REPEATABLE READ transaction
+is refused (it would read a stale cursor).
 """
 
 from __future__ import annotations
@@ -38,3 +39,6 @@ def test_cursor_claim_invariants(joblane_dsn):
 
     d = checks["d_no_wait"]
     assert d["ok"], d
+
+    f = checks["f_isolation"]  # a claim under an older REPEATABLE READ snapshot would read a stale cursor
+    assert f["refused"] and f["ok"], f
