@@ -18,7 +18,7 @@ import ctypes
 import logging
 import threading
 import time
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..errors import Interrupted, TaskCancelled, TaskTimedOut, WorkerShutdown
@@ -72,7 +72,9 @@ class ThreadTry:
             try:
                 with self._lock:
                     self._running = False
-                _clear_async_exc(self._ident, None)  # NULL: clear one that is still pending
+                    told = self.interrupted is not None
+                if told:  # none was ever set otherwise: the common case pays no call into the C API
+                    _clear_async_exc(self._ident, None)  # NULL: clear one that is still pending
                 return
             except Interrupted:
                 continue
@@ -99,22 +101,32 @@ async def run_in_thread(threads: Executor | None, fn: Callable[..., Any], job: A
     returned meanwhile gives its value instead. A thread that does not stop (blocked in C code) keeps
     this coroutine, and so the job's lease, until it does.
     """
-    loop = asyncio.get_running_loop()
     try_ = ThreadTry(fn, job)
-    # the thread sees this task's context (the run span, so the task's own spans nest under it)
-    future = loop.run_in_executor(threads, contextvars.copy_context().run, try_)
+    # the thread sees this task's context (the run span, so the task's own spans nest under it); the
+    # concurrent future is kept: the asyncio one is cancelled with this coroutine, the thread is not
+    done = (threads or _fallback_pool()).submit(contextvars.copy_context().run, try_)
     cancelled = False
     try:
-        done, _ = await asyncio.wait({future}, timeout=timeout)
-        if not done:
-            try_.interrupt(TaskTimedOut)
+        if timeout is None:
+            return await asyncio.wrap_future(done)  # the common case: no timer, no extra future
+        return await asyncio.wait_for(asyncio.wrap_future(done), timeout)
     except asyncio.CancelledError:
+        if done.done() and not done.cancelled():
+            return done.result()  # it ended as the cancel came: its own value or error
         cancelled = True
         try_.interrupt(stop_reason())
-    if try_.interrupted is not None:
-        await _until_stopped(future, try_, job)
+    except TimeoutError:
+        if done.done():
+            raise  # the task's own TimeoutError, not the timer's
+        try_.interrupt(TaskTimedOut)
+    if not done.cancelled():  # a try cancelled before its thread took it never ran
+        await _until_stopped(asyncio.wrap_future(done), try_, job)
+    if done.cancelled():  # still queued for a thread when it was told: it never ran
+        if cancelled:
+            raise asyncio.CancelledError()
+        raise TimeoutError(f"task {job.kind!r} timed out after {timeout:g}s waiting for a thread")
     try:
-        value = future.result()
+        value = done.result()
     except TaskTimedOut:
         raise TimeoutError(f"task {job.kind!r} timed out after {timeout:g}s") from None
     except Interrupted:
@@ -124,9 +136,21 @@ async def run_in_thread(threads: Executor | None, fn: Callable[..., Any], job: A
     return value
 
 
+_pool: ThreadPoolExecutor | None = None
+
+
+def _fallback_pool() -> ThreadPoolExecutor:
+    """Threads for a caller that brings none (the worker brings its own, sized to its concurrency)."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(thread_name_prefix="joblane-task")
+    return _pool
+
+
 async def _until_stopped(future: asyncio.Future, try_: ThreadTry, job: Any) -> None:
     """Wait for an interrupted try's thread to return, whatever cancels this coroutine meanwhile."""
     told = time.monotonic()
+    future.add_done_callback(_retrieved)  # the caller reads the concurrent future's result instead
     while not future.done():
         try:
             await asyncio.wait({future}, timeout=STILL_RUNNING_EVERY)
@@ -137,6 +161,11 @@ async def _until_stopped(future: asyncio.Future, try_: ThreadTry, job: Any) -> N
                         "Python?): its lease is kept until it returns", job.id, job.kind,
                         (try_.interrupted or Interrupted).reason, time.monotonic() - told,
                         extra={"joblane": {"job_id": job.id, "stopping_seconds": round(time.monotonic() - told, 1)}})
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def shutdown_reason() -> type[Interrupted]:
