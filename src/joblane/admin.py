@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import store
 from .errors import JoblaneError
-from .rules import (HORIZON_KEYS, MAX_DELAY, actor as default_actor, check_queue, check_text, hold_reason, holder_text,
-                    parse_when, to_json)
+from .rules import (MAX_DELAY, actor as default_actor, check_queue, check_text, hold_reason, holder_text,
+                    holds_horizon, horizon_holder, parse_when, to_json)
 from .types import JOB_STATES
 
 OUTCOMES = ("done", "retry", "snoozed", "failed", "held", "lost", "released", "rejected", "cancelled", "waiting",
@@ -211,8 +211,6 @@ def job_states(app: Any, ids: Sequence[int], conn: Any = None) -> dict[int, str]
 DEAD_SHARE = 0.2
 DEAD_MIN = 10_000
 OLD_TRANSACTION_SECONDS = 300.0
-# a replication slot this many transaction ids behind holds the horizon back noticeably
-OLD_SLOT_XIDS = 1_000_000
 # autovacuum looking less often than this lets a busy queue's dead rows pile up between passes
 BUSY_QUEUE_NAPTIME = 15.0
 
@@ -237,10 +235,8 @@ def health(app: Any, conn: Any = None) -> dict[str, Any]:
                     if autovacuum and naptime > BUSY_QUEUE_NAPTIME else "")
             warnings.append(f"{t['table']}: {t['dead']:,} dead row versions for {t['live']:,} live: "
                             f"vacuum is falling behind{hint}")
-    held = _rows(app, conn, app.store.horizon_holder())
-    horizon = dict(zip(HORIZON_KEYS, held[0])) if held else None
-    if horizon is not None and ((horizon["seconds"] or 0) > OLD_TRANSACTION_SECONDS
-                                or (horizon["seconds"] is None and (horizon["xid_age"] or 0) > OLD_SLOT_XIDS)):
+    horizon = horizon_holder(_rows(app, conn, app.store.horizon_holder()))
+    if holds_horizon(horizon, OLD_TRANSACTION_SECONDS):
         warnings.append(f"{holder_text(horizon)} holds back vacuum's horizon: no vacuum can remove the row "
                         "versions deleted since it began; end it (pg_terminate_backend for a session, "
                         "pg_drop_replication_slot for a slot nobody reads)")

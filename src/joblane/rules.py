@@ -331,13 +331,34 @@ def utc_now() -> dt.datetime:
 
 
 HORIZON_KEYS = ("kind", "who", "application", "user", "state", "seconds", "query", "xid_age")
+# a replication slot this many transaction ids behind holds the horizon back noticeably (a slot has no age)
+SLOT_BEHIND_XIDS = 1_000_000
+
+
+def horizon_holder(rows: list) -> dict[str, Any] | None:
+    """The row of the ``horizon_holder`` query as a dict of HORIZON_KEYS; None when nothing holds it."""
+    return dict(zip(HORIZON_KEYS, rows[0])) if rows else None
+
+
+def holds_horizon(holder: dict[str, Any] | None, seconds: float) -> bool:
+    """Whether ``holder`` has held the horizon ``seconds`` or more (a slot: SLOT_BEHIND_XIDS behind)."""
+    if holder is None:
+        return False
+    if holder["seconds"] is None:
+        return (holder["xid_age"] or 0) >= SLOT_BEHIND_XIDS
+    return holder["seconds"] >= seconds
+
+
+def holder_name(holder: dict[str, Any]) -> str:
+    """``session pid 4242``, ``replication slot 's1'``, ``prepared transaction 'tx'``."""
+    kind, who = holder.get("kind"), holder.get("who")
+    return f"session pid {who}" if kind == "session" else f"{kind} {who!r}"
 
 
 def holder_text(holder: dict[str, Any]) -> str:
     """What holds vacuum's horizon, for people: ``session pid 4242 (psql, user alice, idle in transaction
-    for 10m 2s: SELECT ...)``, ``replication slot s1 (inactive)``, ``prepared transaction 'tx' (12m 3s)``."""
-    kind, who = holder.get("kind"), holder.get("who")
-    name = f"session pid {who}" if kind == "session" else f"{kind} {who!r}"
+    for 10m 2s: SELECT ...)``, ``replication slot 's1' (inactive)``, ``prepared transaction 'tx' (12m 3s)``."""
+    name = holder_name(holder)
     parts = []
     if holder.get("application"):
         parts.append(str(holder["application"]))

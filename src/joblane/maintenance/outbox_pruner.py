@@ -26,8 +26,5 @@ class OutboxPruner(Service):
 
     async def _work(self, conn: Any) -> list[int]:
         """The ids of the rows deleted."""
-        if await self.horizon_held(conn):
-            self.behind = False
-            return []
         stmt = self.store.prune_outbox(self.retention, self.batch)
         return [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]

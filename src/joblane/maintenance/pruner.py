@@ -39,9 +39,6 @@ class Pruner(Service):
 
     async def _work(self, conn: Any) -> list[int]:
         """The ids of the jobs deleted."""
-        if await self.horizon_held(conn):
-            self.behind = False
-            return []
         stmt = self.store.prune_finished(self.retention, self.prune_failed, self.batch)
         pruned = [r[0] for r in await self._batches(conn, stmt, self.batch, self.max_batches)]
         if not self.behind:  # batches none of whose jobs are left, and signals no job waited for

@@ -10,7 +10,7 @@ from typing import Any
 from .. import store
 from ..lifecycle import sleep_unless
 from ..migrations import lock_key
-from ..rules import HORIZON_KEYS, first_line, holder_text
+from ..rules import first_line, holder_name, holder_text, holds_horizon, horizon_holder
 from ..store import Statement, Store
 
 
@@ -43,7 +43,11 @@ class Service:
         async with conn.transaction():
             if not await store.value(conn, self.store.try_service_lock(self.lock)):
                 return None
-            done = await self._work(conn)
+            if self.horizon_pause is not None and await self.horizon_held(conn):
+                self.behind = False
+                done = []
+            else:
+                done = await self._work(conn)
         self.runs += 1
         self.total += len(done)
         return done
@@ -66,23 +70,21 @@ class Service:
         self.behind = True
         return rows
 
-    # Pruners: a holder of vacuum's horizon this many seconds old pauses the deletes. Each row deleted
+    # Pruners: a holder of vacuum's horizon this many seconds old pauses the round (run_once). Each row deleted
     # under it is a dead version no vacuum can remove until it ends, which every later round's walk
     # from the oldest finished row would step over again; history waits a little longer instead.
     horizon_pause: float | None = None
     _paused_by: dict[str, Any] | None = None
 
+    async def holder(self, conn: Any) -> dict[str, Any] | None:
+        """What holds vacuum's horizon now (rules.HORIZON_KEYS), or None."""
+        return horizon_holder(await store.records(conn, self.store.horizon_holder()))
+
     async def horizon_held(self, conn: Any) -> bool:
         """Whether a session, slot or prepared transaction has held the horizon ``horizon_pause`` seconds
         or more (said once in the log when the pause begins, and when it ends)."""
-        rows = await store.records(conn, self.store.horizon_holder())
-        holder = dict(zip(HORIZON_KEYS, rows[0])) if rows else None
-        if holder is None:
-            held = False
-        elif holder["seconds"] is None:  # a replication slot: holding only when far behind
-            held = (holder["xid_age"] or 0) >= 1_000_000
-        else:
-            held = holder["seconds"] >= (self.horizon_pause or 0)
+        holder = await self.holder(conn)
+        held = holds_horizon(holder, self.horizon_pause or 0)
         if held and (self._paused_by is None or self._paused_by["who"] != holder["who"]):
             self.log.warning("%s: %s holds back vacuum's horizon: deleting waits until it ends (a row deleted "
                              "now could not be vacuumed away)", self.name, holder_text(holder),
@@ -90,7 +92,7 @@ class Service:
             self._paused_by = holder
         elif not held and self._paused_by is not None:
             self.log.info("%s: the horizon moved on (%s no longer holds it): deleting again", self.name,
-                          holder_text(self._paused_by).split(" (")[0])
+                          holder_name(self._paused_by))
             self._paused_by = None
         return held
 

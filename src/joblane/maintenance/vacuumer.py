@@ -6,7 +6,7 @@ import time
 from typing import Any, Callable
 
 from .. import store
-from ..rules import HORIZON_KEYS, holder_text
+from ..rules import holder_name, holder_text
 from ..store import Statement, Store
 from .service import Service
 
@@ -108,11 +108,8 @@ class Vacuumer(Service):
         if left is None or left < self.min_dead or left < before / 2:
             return
         self.futile += 1
-        rows = await store.records(conn, self.store.horizon_holder())
-        if not rows:
-            return
-        holder = dict(zip(HORIZON_KEYS, rows[0]))
-        if holder["seconds"] is not None and holder["seconds"] < HELD_SECONDS:
+        holder = await self.holder(conn)
+        if holder is None or (holder["seconds"] is not None and holder["seconds"] < HELD_SECONDS):
             return  # the versions were just deleted and a short transaction still sees them: not a held horizon
         self.blocked[table] = holder
         self.log.warning("%s: vacuum of %s could remove %s of %s dead row versions: %s holds back the horizon; "
@@ -122,15 +119,14 @@ class Vacuumer(Service):
 
     async def _still_blocked(self, conn: Any) -> None:
         """Unblock the tables whose horizon holder has ended, or begun a newer snapshot."""
-        rows = await store.records(conn, self.store.horizon_holder())
-        now = dict(zip(HORIZON_KEYS, rows[0])) if rows else None
+        now = await self.holder(conn)
         for table, holder in list(self.blocked.items()):
             same = (now is not None and (now["kind"], now["who"]) == (holder["kind"], holder["who"])
                     and (now["xid_age"] or 0) >= (holder["xid_age"] or 0))
             if not same:
                 del self.blocked[table]
                 self.log.info("%s: the horizon moved on (%s no longer holds it): vacuuming %s again", self.name,
-                              holder_text(holder).split(" (")[0], table)
+                              holder_name(holder), table)
 
     def wait(self, table: str) -> float:
         """Seconds a table must go unvacuumed before it is due: its last vacuum here over ``share``, at least

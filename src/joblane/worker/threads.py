@@ -21,7 +21,7 @@ import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Callable
 
-from ..errors import Interrupted, TaskCancelled, TaskTimedOut, WorkerShutdown
+from ..errors import Interrupted, TaskTimedOut
 
 log = logging.getLogger("joblane.worker")
 
@@ -166,11 +166,3 @@ async def _until_stopped(future: asyncio.Future, try_: ThreadTry, job: Any) -> N
 def _retrieved(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
-
-
-def shutdown_reason() -> type[Interrupted]:
-    return WorkerShutdown
-
-
-def cancel_reason() -> type[Interrupted]:
-    return TaskCancelled

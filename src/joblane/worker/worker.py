@@ -396,18 +396,26 @@ class Worker:
 
     # -- what keeps a stopping worker alive --------------------------------------
 
-    def _running_text(self, among: set[asyncio.Task] | None = None) -> str:
-        """"job 5 (resize) running 12s, job 7 (ocr) told to stop 3s ago" for the log, the first ten."""
+    def _waiting_on(self, among: set[asyncio.Task] | None = None) -> list[dict]:
+        """The worker's active jobs (those of ``among``, when given): id, kind, seconds running and seconds
+        since told to stop (None: not begun, not told). Read from the heartbeat thread too."""
         now_ = time.monotonic()
-        parts = []
+        jobs = []
         for job_id, (task, job) in snapshot(lambda: self._active.items()):
             if among is not None and task not in among:
                 continue
-            told = self._told.get(job_id)
-            began = self._began.get(job_id)
-            state = (f"told to stop {now_ - told:.0f}s ago" if told is not None else
-                     f"running {now_ - began:.0f}s" if began is not None else "waiting for a slot")
-            parts.append(f"job {job_id} ({job.kind}) {state}")
+            began, told = self._began.get(job_id), self._told.get(job_id)
+            jobs.append({"id": job_id, "kind": job.kind,
+                         "running": None if began is None else round(now_ - began, 1),
+                         "told": None if told is None else round(now_ - told, 1)})
+        return jobs
+
+    def _running_text(self, among: set[asyncio.Task] | None = None) -> str:
+        """"job 5 (resize) running 12s, job 7 (ocr) told to stop 3s ago" for the log, the first ten."""
+        parts = [f"job {j['id']} ({j['kind']}) " + (f"told to stop {j['told']:.0f}s ago" if j["told"] is not None
+                                                    else f"running {j['running']:.0f}s" if j["running"] is not None
+                                                    else "waiting for a slot")
+                 for j in self._waiting_on(among)]
         more = f" and {len(parts) - 10} more" if len(parts) > 10 else ""
         return ", ".join(parts[:10]) + more
 
@@ -415,17 +423,12 @@ class Worker:
         """From the heartbeat thread: processes.stopping, the jobs a stopping worker waits for (JSON text)."""
         if self._stopping_since is None:
             return None
-        now_ = time.monotonic()
-        jobs = []
-        for job_id, (_, job) in snapshot(lambda: self._active.items())[:50]:
-            began, told = self._began.get(job_id), self._told.get(job_id)
-            jobs.append({"id": job_id, "kind": job.kind,
-                         "running": None if began is None else round(now_ - began, 1),
-                         "told": None if told is None else round(now_ - told, 1)})
-        return json.dumps({"since": self._stopping_since, "jobs": jobs})
+        return json.dumps({"since": self._stopping_since, "jobs": self._waiting_on()[:50]})
 
     async def _stuck(self, still: set[asyncio.Task]) -> None:
-        """Tries told to stop that have not: never given back while they run."""
+        """Tries told to stop that have not: never given back while they run. An embedded worker waits
+        for them, their leases kept; the CLI's (``exit_when_stuck``) goes on with its shutdown and
+        leaves the process at its end (``_shutdown``)."""
         what = self._running_text(still)
         if not self.exit_when_stuck:
             log.error("%s did not stop %gs after being told (blocked outside Python?): waiting for them; their "
@@ -436,21 +439,6 @@ class Worker:
                   "jobs are not given back, and are rescued once their leases (%gs) run out", what,
                   self.stop_seconds, self.lease_seconds)
         self.stats["stuck"] += len(still)
-        drained = await self.completer.close(timeout=max(10.0, self.lease_seconds))
-        if not drained:
-            log.error("some outcomes were not written; those jobs return when their leases expire")
-        if self._heartbeat is not None:
-            self._heartbeat.stopped.set()
-        try:
-            async with self._pool.acquire() as conn:
-                await store.records(conn, self.store.deregister_process(self.name))
-        except Exception as exc:  # noqa: BLE001 - the rescuer drops the row once its lease runs out
-            log.warning("could not deregister (%s)", first_line(exc))
-        log.info("worker %s stopped: %s", self.name, tally(self.stats, "no jobs run"),
-                 extra={"joblane": {"stats": dict(self.stats)}})
-        logging.shutdown()
-        # the threads that would not stop end with the process: nothing of their tries runs after this
-        os._exit(3)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -563,3 +551,7 @@ class Worker:
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped: %s", self.name, tally(self.stats, "no jobs run"),
                  extra={"joblane": {"stats": dict(self.stats)}})
+        if self.stats["stuck"] and self.exit_when_stuck:
+            logging.shutdown()
+            # the threads that would not stop end with the process: nothing of their tries runs after this
+            os._exit(3)
