@@ -111,7 +111,8 @@ class ServerCost:
     def _read(self) -> tuple[int, float | None]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             lsn, pid = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, pg_backend_pid()").fetchone()
-        return int(lsn), _cluster_cpu_seconds(pid)
+            # while the backend lives: its /proc entry names the postmaster (closed, it may be gone already)
+            return int(lsn), _cluster_cpu_seconds(pid)
 
     def per_job(self, jobs: int) -> dict[str, Any]:
         if self.start is None or self.end is None or jobs <= 0:
