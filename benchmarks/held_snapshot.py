@@ -20,8 +20,8 @@ Every ``--every`` seconds a row: what the producer committed and the worker
 started per second, the backlog (committed minus started), pick-up p50/p99
 (from the wall time just before the job's INSERT to its handler's start),
 the mean time of the claim statement (pg_stat_statements, when loaded: it is
-in the cluster this script starts) and, for joblane, the entries of its
-index jobs_ready each claim read (idx_tup_read), the cluster's WAL bytes per
+in the cluster this script starts) and, for joblane, the index entries of its
+ready lanes and cursors each claim read (idx_tup_read), the cluster's WAL bytes per
 job enqueued (everything written in the interval, the relay's and vacuum's
 too), the heap and index size of the system's
 tables, their dead tuples (pg_stat_get_dead_tuples) and the vacuums run on
@@ -78,35 +78,17 @@ TABLES = {
     "pgqueuer": ("public", "pgqueuer%"),
     "pgmq": ("pgmq", "%"),
 }
-# the index the claim walks (index entries read per claim, from pg_stat_user_indexes.idx_tup_read)
-CLAIM_INDEX = {"joblane": "jobs_ready"}
+# the indexes the claim walks (index entries read per claim, from pg_stat_user_indexes.idx_tup_read):
+# joblane's lanes of ready entries and their cursor rows, in every slot of the ring (migration 13)
+CLAIM_INDEX = {"joblane": ("ready\\__\\_lane%", "cursors\\__\\_lane%")}
 CLAIM_LIKE = {"joblane": "%claim_jobs(%", "pgqueuer": "%SKIP LOCKED%", "pgmq": "%pgmq.read(%"}
 
-# The claim's statement (joblane: the body of claim_jobs, migration 10, for queue 'held', 10 jobs)
+# The claim's statement (joblane: claim_jobs for queue 'held', 10 jobs)
 # or, for the peers, the scan of their pick; run under EXPLAIN ANALYZE in a rolled-back transaction.
 PROBES = {
+    # the claim is a function (migration 13): its buffers are those of every statement inside it
     "joblane": """
-WITH picked AS (
-    SELECT ready.id
-      FROM unnest(ARRAY['held']) AS q(name)
-     CROSS JOIN LATERAL (
-            SELECT j.id, j.priority, j.run_after
-              FROM joblane.jobs AS j
-             WHERE j.state = 'pending' AND hashtext(j.queue) = hashtext(q.name) AND j.queue = q.name
-               AND j.run_after <= now()
-             ORDER BY j.priority, j.run_after, j.id
-             LIMIT 10
-               FOR UPDATE SKIP LOCKED
-         ) AS ready
-     WHERE NOT EXISTS (SELECT 1 FROM joblane.queue_pauses AS p WHERE p.queue = q.name AND p.until > now())
-     ORDER BY ready.priority, ready.run_after, ready.id
-     LIMIT 10
-)
-UPDATE joblane.jobs AS j
-   SET state = 'running', attempts = j.attempts + 1, worker = 'probe',
-       lease_until = now() + interval '30 seconds', started_at = now()
- WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.id""",
+SELECT id FROM joblane.claim_jobs(ARRAY['held'], 10, 'probe', 30)""",
     "pgqueuer": """
 SELECT id FROM pgqueuer
  WHERE status = 'queued' AND entrypoint = ANY(ARRAY['noop']) AND execute_after < now()
@@ -241,8 +223,9 @@ class Run:
         name = CLAIM_INDEX.get(self.system)
         if name is None:
             return None
-        row = conn.execute("SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = %s", (name,)).fetchone()
-        return None if row is None else int(row[0])
+        row = conn.execute("SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE indexrelname LIKE ANY(%s)",
+                           (list(name),)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
 
     def wal(self, conn) -> int:
         """The cluster's WAL position in bytes (one system runs at a time: its load writes nearly all of it)."""

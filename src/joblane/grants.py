@@ -63,6 +63,16 @@ TABLES: dict[str, tuple[str, str]] = {
     "job_deps":       ("",                                                       "SELECT, DELETE"),
     "batches":        ("INSERT, SELECT (id)",                                    "SELECT, INSERT, DELETE"),
     "signals":        ("",                                                       "SELECT, DELETE"),
+    # the claim's cursor storage (migration 13): the triggers on jobs write the entries as the owner;
+    # the worker's claim reads lanes and entries, appends cursor rows, promotes deferred jobs and
+    # appends the entries of jobs it gives back; rotate_ready empties slots as the owner
+    "lanes":          ("",                                                       "SELECT, INSERT"),
+    "ready":          ("",                                                       "SELECT, INSERT"),
+    "cursors":        ("",                                                       "SELECT, INSERT"),
+    "deferred":       ("",                                                       "SELECT, INSERT"),
+    "ready_turns":    ("",                                                       "SELECT"),
+    # the ring's slots: reached through ready and cursors, whose grants cover them
+    **{f"{ring}_{slot}": ("", "") for ring in ("ready", "cursors") for slot in range(4)},
 }
 
 # Functions of the schema each role may call: insert_job, behind App.enqueue,
@@ -75,18 +85,22 @@ TABLES: dict[str, tuple[str, str]] = {
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "app": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch"),
     "worker": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch", "park_jobs",
-               "claim_jobs"),
+               "claim_jobs", "rotate_ready"),
 }
 # every function the migrations create, which the admin role owns
 ALL_FUNCTIONS = ("add_to_batch", "batch_job_finished", "claim_jobs", "enqueue", "finish_batch", "insert_job",
                  "jobs_channel", "jobs_flow", "link_jobs", "park_jobs", "publish", "release_children", "seal_batch",
-                 "signal")
+                 "signal", "queue_entries", "requeue_jobs", "jobs_added", "job_became_pending", "promote_due_jobs",
+                 "rotate_ready")
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).
 SEQUENCES: dict[str, tuple[str, ...]] = {
     "app": ("outbox_id_seq",),  # publish draws the id first to store the default idempotency key
-    "worker": (),
+    # the claim numbers its cursor rows and reads the ring's turn (migration 13)
+    "worker": ("cursor_step", "ready_turn"),
 }
+# Sequences of their own (not an identity column's), which the admin role owns
+OWN_SEQUENCES = ("cursor_step", "ready_turn")
 
 
 def quote_role(name: str) -> str:
@@ -119,6 +133,7 @@ def statements(role: str, user: str, schema: str, database: str | None = None) -
             f"ALTER SCHEMA {s} OWNER TO {to};",
         ]
         out += [f"ALTER TABLE {s}.{quote_ident(table)} OWNER TO {to};" for table in TABLES]
+        out += [f"ALTER SEQUENCE {s}.{quote_ident(name)} OWNER TO {to};" for name in OWN_SEQUENCES]
         out += [f"ALTER FUNCTION {s}.{quote_ident(name)} OWNER TO {to};" for name in ALL_FUNCTIONS]
         return out
     column = 0 if role == "app" else 1
@@ -127,7 +142,7 @@ def statements(role: str, user: str, schema: str, database: str | None = None) -
         if privileges[column]:
             out.append(f"GRANT {privileges[column]} ON TABLE {s}.{quote_ident(table)} TO {to};")
     for sequence in SEQUENCES[role]:
-        out.append(f"GRANT USAGE ON SEQUENCE {s}.{quote_ident(sequence)} TO {to};")
+        out.append(f"GRANT USAGE, SELECT ON SEQUENCE {s}.{quote_ident(sequence)} TO {to};")
     for function in FUNCTIONS[role]:
         out.append(f"GRANT EXECUTE ON FUNCTION {s}.{quote_ident(function)} TO {to};")
     return out

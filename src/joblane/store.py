@@ -322,6 +322,17 @@ async def records(conn: Any, stmt: Statement) -> list:
     return await conn.fetch(stmt.sql, *stmt.args)
 
 
+def claimed_rows(rows: list) -> tuple[list, bool]:
+    """The jobs a claim_jobs call returned, and whether to claim again at once.
+
+    The claim ends with a row of NULLs when it found fewer jobs than asked
+    while a lane was busy with another claim, or after it promoted deferred
+    jobs that only a later claim can take (migration 0013).
+    """
+    jobs = [r for r in rows if r[0] is not None]
+    return jobs, len(jobs) < len(rows)
+
+
 async def keep_session(conn: Any) -> None:
     """An asyncpg pool's reset for the worker's and the relay's own pools: nothing beyond asyncpg's rollback.
 
@@ -451,6 +462,9 @@ class Store:
 
     def extend_leases(self, job_ids, worker, lease_seconds) -> Statement:
         return self._s("extend_leases", job_ids, worker, lease_seconds)
+
+    def rotate_ready(self, turn_every) -> Statement:
+        return self._s("rotate_ready", turn_every)
 
     def rescue_expired(self, limit) -> Statement:
         return self._s("rescue_expired", limit)

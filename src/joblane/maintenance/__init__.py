@@ -6,8 +6,9 @@ from .history import History
 from .outbox_pruner import OutboxPruner
 from .pruner import Pruner
 from .rescuer import Rescuer
+from .rotator import Rotator
 from .scheduler import Scheduler
 from .service import Service
 from .vacuumer import Vacuumer
 
-__all__ = ["History", "OutboxPruner", "Pruner", "Rescuer", "Scheduler", "Service", "Vacuumer"]
+__all__ = ["History", "OutboxPruner", "Pruner", "Rescuer", "Rotator", "Scheduler", "Service", "Vacuumer"]

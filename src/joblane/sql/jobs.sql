@@ -228,6 +228,10 @@ UPDATE {schema}.jobs
  WHERE id = ANY($1::bigint[]) AND (state = 'running') IS TRUE AND worker = $2
 RETURNING id;
 
+-- name: rotate_ready
+-- Turn the ring of ready entries and cursor rows every $1 seconds, and empty the slots left behind that no claim can need (migration 0013); returns what it did.
+SELECT {schema}.rotate_ready($1::float8);
+
 -- name: rescue_expired
 -- Give back up to $1 running jobs whose lease expired: pending again, or failed when out of attempts.
 WITH lost AS (

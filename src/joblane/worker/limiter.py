@@ -197,11 +197,11 @@ class Limiter:
         rows: list = []
         for group in groups:
             if group is None:
-                want = n - len(rows)
+                want = n - _jobs(rows)
                 if want > 0:
                     rows.extend(await store.records(conn, self.store.claim_jobs(plain, want, worker, lease)))
             else:
-                want = min(n, run_free) - len(rows)
+                want = min(n, run_free) - _jobs(rows)
                 if want > 0:
                     rows.extend(await self._claim_limited(conn, group, want, worker, lease))
         return rows
@@ -227,3 +227,8 @@ class Limiter:
         if len(rows) < n and retry_in is not None and retry_in > 0:
             self._wake_at(time.monotonic() + retry_in)
         return rows
+
+
+def _jobs(rows: list) -> int:
+    """The jobs among claimed rows (claim_jobs may end with a row of NULLs: store.claimed_rows)."""
+    return sum(1 for r in rows if r[0] is not None)

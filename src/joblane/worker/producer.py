@@ -65,6 +65,7 @@ class Producer:
         self._claim_seconds: float | None = None  # moving mean of a claim's round trip, commit included
         self.claim_batch = claim_batch
         self.poll_interval = poll_interval
+        self._again = False  # the last claim said more may be ready at once (store.claimed_rows)
         self.debounce = debounce
         self.wake = wake
         self.slot = asyncio.Event()  # set when a claimed job leaves ``active`` or a backlog of outcomes ends
@@ -125,6 +126,7 @@ class Producer:
             else:
                 rows = await store.records(conn, self.store.claim_jobs(self.queues, n, self.name,
                                                                        self.lease_seconds))
+        rows, self._again = store.claimed_rows(rows)
         telemetry.claim_span(rows, started_ns, self.queues)  # a no-op unless OpenTelemetry is installed
         return rows
 
@@ -213,6 +215,12 @@ class Producer:
                 self.start(row)
             if len(rows) == want:
                 self._busy.set()
+            elif self._again:
+                # a lane was busy with another worker's claim, or due jobs were just promoted for the
+                # next claim: claim again now rather than at the next notification
+                self._busy.set()
+                if not rows:
+                    await asyncio.sleep(0.001)
             else:
                 self._busy.clear()
                 # After a notification, look once more a debounce window later:

@@ -28,7 +28,7 @@ import asyncpg
 from .. import store, telemetry
 from ..errors import JoblaneError, SchemaVersionError, TaskCancelled, WorkerShutdown
 from ..lifecycle import POOLER_FOUND, GracefulSignals, retry_delay, sleep_unless, version
-from ..maintenance import History, Pruner, Rescuer, Scheduler, Vacuumer
+from ..maintenance import History, Pruner, Rescuer, Rotator, Scheduler, Vacuumer
 from ..maintenance.service import Service
 from ..migrations import check_async
 from ..notifier import Notifier
@@ -152,6 +152,7 @@ class Worker:
         self.completer = Completer(self.store, self.name, self.stats, flush_size=flush_size,
                                    flush_interval=flush_interval)
         self.rescuer = Rescuer(self.store, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
+        self.rotator = Rotator(self.store)  # the ring of the claim's ready entries (migration 0013)
         self.pruner = Pruner(self.store, retention=retention_seconds, prune_failed=prune_failed,
                              interval=prune_interval)
         # vacuums jobs when its dead row versions pile up between autovacuum's passes (0: autovacuum only)
@@ -478,7 +479,7 @@ class Worker:
         ]
         # The maintenance services begin once the first claim is back: started beside it, their
         # first rounds (a dozen statements) took the server's cores from it on a small machine.
-        services = [self.rescuer, self.pruner, self.history]
+        services = [self.rescuer, self.rotator, self.pruner, self.history]
         if self.vacuumer is not None:
             services.append(self.vacuumer)
         if self.app.periodic_tasks:  # every worker runs the scheduler; each tick is enqueued once
