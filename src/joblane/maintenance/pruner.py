@@ -58,7 +58,10 @@ class Pruner(Service):
         if done is not None and (self._generations_at is None
                                  or time.monotonic() - self._generations_at >= self.generation_interval):
             self._generations_at = time.monotonic()
-            await self.generations(conn)
+            try:
+                await self.generations(conn)
+            except Exception as exc:  # the round's row pruning is done and reported all the same
+                self.log.warning("pruner: generations of attempts: %s", first_line(exc))
         return done
 
     async def generations(self, conn: Any) -> dict[str, str]:
