@@ -36,18 +36,11 @@ ALTER INDEX {schema}.attempts_finished RENAME TO attempts_v10_finished;
 ALTER INDEX {schema}.attempts_model RENAME TO attempts_v10_model;
 ALTER INDEX {schema}.attempts_outcome RENAME TO attempts_v10_outcome;
 
+-- The new parent has the columns of the old table (names, types, order,
+-- defaults, NOT NULL and CHECK constraints), whatever migrations before this
+-- one added to it: LIKE copies them.
 CREATE TABLE {schema}.attempts (
-    id           bigint      GENERATED ALWAYS AS IDENTITY,
-    job_id       bigint      NOT NULL,
-    attempt      integer     NOT NULL,
-    worker       text,
-    started_at   timestamptz,
-    finished_at  timestamptz NOT NULL DEFAULT now(),
-    outcome      text        NOT NULL CONSTRAINT attempts_outcome_check
-                 CHECK (outcome IN ('done', 'retry', 'snoozed', 'failed', 'held', 'lost', 'released', 'rejected',
-                                    'cancelled', 'waiting', 'timeout')),
-    error        text,
-    meta         jsonb
+    LIKE {schema}.attempts_v10 INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMMENTS
 ) PARTITION BY RANGE (job_id);
 
 CREATE INDEX attempts_job ON {schema}.attempts (job_id, attempt);
@@ -72,7 +65,8 @@ BEGIN
                     coalesce((SELECT max(job_id) FROM {schema}.attempts_v10), 0));
     bound := (greatest(top, 0) / 1048576 + 1) * 1048576;
     ALTER TABLE {schema}.attempts_v10 ALTER COLUMN id DROP IDENTITY;
-    EXECUTE format('ALTER TABLE {schema}.attempts ALTER COLUMN id RESTART WITH %s', next_id);
+    EXECUTE format('ALTER TABLE {schema}.attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (START WITH %s)',
+                   next_id);
     EXECUTE format('ALTER TABLE {schema}.attempts_v10 ADD CONSTRAINT attempts_v10_job_id_check'
                    ' CHECK (job_id < %s) NOT VALID', bound);
     ALTER TABLE {schema}.attempts_v10 VALIDATE CONSTRAINT attempts_v10_job_id_check;
