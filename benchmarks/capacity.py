@@ -66,9 +66,12 @@ def make_app(dsn: str, schema: str) -> joblane.App:
 def counters(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
     conn.execute("SELECT pg_stat_force_next_flush()")
     conn.execute("SELECT pg_stat_clear_snapshot()")
+    # a partition's counts go to its partitioned table (attempts)
     rows = conn.execute(
-        "SELECT relname, n_tup_ins, n_tup_upd, n_tup_del, n_tup_hot_upd FROM pg_stat_user_tables"
-        " WHERE schemaname = %s", (schema,)).fetchall()
+        "SELECT coalesce(r.relname, s.relname), sum(n_tup_ins)::bigint, sum(n_tup_upd)::bigint, sum(n_tup_del)::bigint,"
+        "       sum(n_tup_hot_upd)::bigint"
+        "  FROM pg_stat_user_tables s LEFT JOIN pg_class r ON r.oid = pg_partition_root(s.relid)"
+        " WHERE s.schemaname = %s GROUP BY 1", (schema,)).fetchall()
     lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
     return {"lsn": lsn, "tables": {r[0]: r[1:] for r in rows}}
 
@@ -165,8 +168,11 @@ def kept_bytes(dsn: str, n: int) -> dict[str, float]:
                 name = sql.Identifier(schema, table)
                 conn.execute(sql.SQL("VACUUM {}").format(name))
                 text = name.as_string(conn)  # regclass reads the quoted name
-                heap, total = conn.execute("SELECT pg_relation_size(%s), pg_total_relation_size(%s)",
-                                           (text, text)).fetchone()
+                heap, total = conn.execute(  # a partitioned table (attempts): the sum of its partitions
+                    "SELECT sum(pg_relation_size(relid))::bigint, sum(pg_total_relation_size(relid))::bigint"
+                    "  FROM (SELECT %s::regclass AS relid WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree(%s))"
+                    "        UNION ALL SELECT relid FROM pg_partition_tree(%s) WHERE isleaf) AS t",
+                    (text, text, text)).fetchone()
                 out[table] = {"heap": heap / n, "total": total / n}
     return out
 

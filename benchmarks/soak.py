@@ -76,19 +76,25 @@ class Cluster:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# a partition's figures go to its partitioned table (attempts)
 SIZES = """
-SELECT c.relname, pg_total_relation_size(c.oid), s.n_live_tup, s.n_dead_tup, s.last_autovacuum
+SELECT coalesce(r.relname, c.relname), sum(pg_total_relation_size(c.oid))::bigint, sum(s.n_live_tup)::bigint,
+       sum(s.n_dead_tup)::bigint, max(s.last_autovacuum)
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_class r ON r.oid = pg_partition_root(c.oid)
   LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
  WHERE n.nspname = 'joblane' AND c.relkind = 'r'
+ GROUP BY 1
 """
 
 
 def sample(conn) -> dict:
     tables = {name: (size, live, dead, vacuumed) for name, size, live, dead, vacuumed in conn.execute(SIZES)}
     # every try inserts one attempts row; the counter is monotonic though the pruner deletes the rows
-    done = conn.execute("SELECT n_tup_ins FROM pg_stat_user_tables WHERE schemaname = 'joblane'"
-                        " AND relname = 'attempts'").fetchone()[0]
+    # (summed over the partitions of attempts; a generation dropped after the retention takes its count along)
+    done = conn.execute("SELECT coalesce(sum(s.n_tup_ins), 0)::bigint FROM pg_stat_user_tables s"
+                        " JOIN pg_inherits i ON i.inhrelid = s.relid"
+                        " WHERE i.inhparent = 'joblane.attempts'::regclass").fetchone()[0]
     backlog = conn.execute("SELECT count(*) FROM joblane.jobs WHERE state = 'pending'").fetchone()[0]
     unsent = conn.execute("SELECT count(*) FROM joblane.outbox WHERE state = 'pending'").fetchone()[0]
     return {"tables": tables, "done": done, "backlog": backlog, "unsent": unsent, "at": time.monotonic()}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import socket
 
 from joblane.queries import quote_ident
@@ -16,6 +17,28 @@ def run_sql(conn, sql: str, args=()) -> list[tuple]:
     from joblane import store
 
     return store.fetch(conn, store.Statement("test", sql, tuple(args)))
+
+
+def index_names(conn, schema: str, index: str) -> set[str]:
+    """``index`` and, when it is the index of a partitioned table (attempts), the indexes of its partitions."""
+    rows = conn.execute("SELECT c.relname FROM pg_partition_tree(%s::regclass) AS t JOIN pg_class AS c ON c.oid = t.relid",
+                        (f"{quote_ident(schema)}.{index}",)).fetchall()
+    return {index, *(r[0] for r in rows)}
+
+
+def uses_index(plan: str, conn, schema: str, index: str) -> bool:
+    """Whether an EXPLAIN text reads ``index`` (or, on a partitioned table, the index of a partition)."""
+    return any(re.search(rf"\b{re.escape(name)}\b", plan) for name in index_names(conn, schema, index))
+
+
+def seq_scanned(plan: str, conn, schema: str, table: str) -> list[str]:
+    """What of ``table`` an EXPLAIN text reads whole: the table, or those of its partitions that may hold
+    rows (an empty one, by its statistics, costs nothing to read whole, and the planner says so)."""
+    rows = conn.execute("SELECT c.relname, c.reltuples FROM pg_partition_tree(%s::regclass) AS t"
+                        " JOIN pg_class AS c ON c.oid = t.relid WHERE t.isleaf",
+                        (f"{quote_ident(schema)}.{table}",)).fetchall()
+    names = [name for name, tuples in rows if tuples != 0] if rows else [table]
+    return [name for name in names if re.search(rf"Seq Scan on {re.escape(name)}\b", plan)]
 
 
 def free_port() -> int:

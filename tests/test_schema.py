@@ -19,7 +19,7 @@ from .helpers import run_sql
 def test_migrate_twice_is_a_no_op(joblane_dsn):
     with isolated_schema(joblane_dsn, migrate=False) as schema:
         app = joblane.App(joblane_dsn, schema=schema)
-        assert app.migrate() == list(range(1, migrations.latest_version() + 1))
+        assert app.migrate() == migrations.versions()
         assert app.migrate() == []
         with app.connect() as conn:
             assert migrations.check(conn, schema) == migrations.latest_version()
@@ -41,7 +41,7 @@ def test_concurrent_migrations_apply_once(joblane_dsn):
         for t in threads:
             t.join()
         assert not errors
-        assert sorted(map(len, results)) == [0, 0, 0, migrations.latest_version()]
+        assert sorted(map(len, results)) == [0, 0, 0, len(migrations.versions())]
 
 
 def test_newer_database_is_refused(joblane_dsn, joblane_schema):

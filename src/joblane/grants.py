@@ -85,13 +85,17 @@ TABLES: dict[str, tuple[str, str]] = {
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "app": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch"),
     "worker": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch", "park_jobs",
-               "claim_jobs", "rotate_ready"),
+               "claim_jobs", "rotate_ready", "ensure_attempt_generations", "retire_attempt_generation"),
 }
 # every function the migrations create, which the admin role owns
-ALL_FUNCTIONS = ("add_to_batch", "batch_job_finished", "claim_jobs", "enqueue", "finish_batch", "insert_job",
-                 "jobs_channel", "jobs_flow", "link_jobs", "park_jobs", "publish", "release_children", "seal_batch",
+ALL_FUNCTIONS = ("add_to_batch", "attempt_generation_kept", "attempt_partitions", "batch_job_finished", "claim_jobs",
+                 "enqueue", "ensure_attempt_generations", "finish_batch", "insert_job", "jobs_channel", "jobs_flow",
+                 "link_jobs", "park_jobs", "publish", "release_children", "retire_attempt_generation", "seal_batch",
                  "signal", "queue_entries", "requeue_jobs", "jobs_added", "job_became_pending", "promote_due_jobs",
-                 "rotate_ready")
+                 "rotate_ready", "lane_of")
+# Partitioned tables: their partitions are made by the pruner as job ids grow (as the owner of the
+# functions above), and each has an owner of its own, which ALTER TABLE ... OWNER on the parent leaves.
+PARTITIONED = ("attempts",)
 
 # Sequences a role calls nextval() on by name (identity columns need no grant).
 SEQUENCES: dict[str, tuple[str, ...]] = {
@@ -135,6 +139,13 @@ def statements(role: str, user: str, schema: str, database: str | None = None) -
         out += [f"ALTER TABLE {s}.{quote_ident(table)} OWNER TO {to};" for table in TABLES]
         out += [f"ALTER SEQUENCE {s}.{quote_ident(name)} OWNER TO {to};" for name in OWN_SEQUENCES]
         out += [f"ALTER FUNCTION {s}.{quote_ident(name)} OWNER TO {to};" for name in ALL_FUNCTIONS]
+        for table in PARTITIONED:
+            parent = f"{s}.{quote_ident(table)}"
+            body = (f"DECLARE p regclass; BEGIN FOR p IN SELECT inhrelid::regclass FROM pg_inherits"
+                    f" WHERE inhparent = {_literal(parent)}::regclass LOOP"
+                    f" EXECUTE format('ALTER TABLE %s OWNER TO %s', p, {_literal(to)}); END LOOP; END")
+            out.append(f"-- the partitions of {table}")
+            out.append(f"DO {_literal(body)};")
         return out
     column = 0 if role == "app" else 1
     out = [f"-- {role}: least privileges on schema {schema}", f"GRANT USAGE ON SCHEMA {s} TO {to};"]
@@ -146,6 +157,11 @@ def statements(role: str, user: str, schema: str, database: str | None = None) -
     for function in FUNCTIONS[role]:
         out.append(f"GRANT EXECUTE ON FUNCTION {s}.{quote_ident(function)} TO {to};")
     return out
+
+
+def _literal(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def database_of(dsn: str | None) -> str | None:

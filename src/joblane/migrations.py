@@ -35,14 +35,19 @@ def all_migrations() -> tuple[Migration, ...]:
         if m:
             found.append(Migration(int(m.group(1)), m.group(2), entry.read_text()))
     found.sort(key=lambda mig: mig.version)
-    for i, mig in enumerate(found, start=1):
-        if mig.version != i:
-            raise RuntimeError(f"migrations are not numbered 1..n: found {mig.version} at position {i}")
+    for before, mig in zip(found, found[1:]):
+        if mig.version == before.version:
+            raise RuntimeError(f"two migrations are numbered {mig.version}: {before.name} and {mig.name}")
     return tuple(found)
 
 
+def versions() -> list[int]:
+    """The version of every migration shipped, in the order they apply."""
+    return [mig.version for mig in all_migrations()]
+
+
 def latest_version() -> int:
-    return len(all_migrations())
+    return all_migrations()[-1].version
 
 
 def lock_key(schema: str, purpose: str) -> int:
@@ -72,7 +77,7 @@ def migrate(conn, schema: str, *, target: int | None = None) -> list[int]:
     for each other and the second finds nothing to do.
     """
     migrations = all_migrations()
-    latest = len(migrations)
+    latest = migrations[-1].version
     target = latest if target is None else target
     ident = sql.Identifier(schema)
     applied: list[int] = []

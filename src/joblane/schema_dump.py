@@ -3,8 +3,8 @@
     python -m joblane.schema_dump            # rewrite sql/schema.sql from a freshly migrated schema
 
 The dump is generated from the catalog (tables, columns, constraints,
-storage options such as autovacuum settings, indexes, functions and
-triggers), so every DDL change a migration makes shows in review as a diff of
+storage options such as autovacuum settings, indexes, partitions, functions
+and triggers), so every DDL change a migration makes shows in review as a diff of
 schema.sql. tests/test_schema.py checks that the migration chain produces
 exactly this file, and that applying the file produces the same catalog.
 """
@@ -20,13 +20,16 @@ from .queries import quote_ident
 
 SCHEMA_FILE = Path(__file__).with_name("sql") / "schema.sql"
 
+# Tables, then partitions (each after its parent): name, partition key (of a partitioned table),
+# and for a partition its parent and bounds.
 _TABLES = """
-SELECT c.relname, c.relkind = 'p', pg_get_partkeydef(c.oid),
-       CASE WHEN c.relispartition THEN (SELECT p.relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
-                                         WHERE i.inhrelid = c.oid) END,
-       pg_get_expr(c.relpartbound, c.oid)
+SELECT c.relname, CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END,
+       p.relname, pg_get_expr(c.relpartbound, c.oid)
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND c.relname <> 'migrations' ORDER BY c.relname
+  LEFT JOIN pg_inherits i ON i.inhrelid = c.oid AND c.relispartition
+  LEFT JOIN pg_class p ON p.oid = i.inhparent
+ WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND c.relname <> 'migrations'
+ ORDER BY c.relispartition, c.relname
 """
 # sequences of their own (an identity column's sequence comes with its table)
 _SEQUENCES = """
@@ -78,13 +81,8 @@ def dump(conn: psycopg.Connection, schema: str) -> str:
     quoted = quote_ident(schema)
     for name, start, minimum in conn.execute(_SEQUENCES, (quoted, schema)).fetchall():
         out.append(f"CREATE SEQUENCE {{schema}}.{name} MINVALUE {minimum} START {start};")
-    for table, partitioned, key, parent, bound in conn.execute(_TABLES, (schema,)).fetchall():
+    for table, partition_key, parent, bounds in conn.execute(_TABLES, (schema,)).fetchall():
         rel = f"{quoted}.{quote_ident(table)}"
-        options = conn.execute(_OPTIONS, (rel,)).fetchone()
-        if parent:  # a partition: its columns and indexes are its parent's
-            out.append(f"CREATE TABLE {{schema}}.{table} PARTITION OF {{schema}}.{parent} {bound}"
-                       + (f" WITH ({options[0]})" if options else "") + ";")
-            continue
         lines = []
         for name, typ, notnull, identity, default in conn.execute(_COLUMNS, (rel,)).fetchall():
             col = f"    {name} {typ}"
@@ -97,11 +95,14 @@ def dump(conn: psycopg.Connection, schema: str) -> str:
             lines.append(col)
         for name, definition in conn.execute(_CONSTRAINTS, (rel,)).fetchall():
             lines.append(f"    CONSTRAINT {name} {definition}")
+        options = conn.execute(_OPTIONS, (rel,)).fetchone()
         out.append(f"CREATE TABLE {{schema}}.{table} (\n" + ",\n".join(lines) + "\n)"
-                   + (f" PARTITION BY {key}" if partitioned else "")
+                   + (f" PARTITION BY {partition_key}" if partition_key else "")
                    + (f" WITH ({options[0]})" if options else "") + ";")
         for _name, definition in conn.execute(_INDEXES, (rel,)).fetchall():
             out.append(_generic(definition, schema) + ";")
+        if parent:  # attached after its indexes are made: each becomes the partition of its parent's like it
+            out.append(f"ALTER TABLE {{schema}}.{parent} ATTACH PARTITION {{schema}}.{table} {bounds};")
         out.append("")
     # the SQL API and the workflow functions, then the triggers that call them
     for (definition,) in conn.execute(_FUNCTIONS, (quoted,)).fetchall():

@@ -472,6 +472,21 @@ class Store:
     def prune_finished(self, retention_seconds, prune_failed, limit) -> Statement:
         return self._s("prune_finished", retention_seconds, prune_failed, limit)
 
+    def ensure_attempt_generations(self) -> Statement:
+        return self._s("ensure_attempt_generations")
+
+    def attempt_generations(self) -> Statement:
+        return self._s("attempt_generations")
+
+    def retire_attempt_generation(self, partition, retention_seconds, prune_failed) -> Statement:
+        return self._s("retire_attempt_generation", partition, retention_seconds, prune_failed)
+
+    def short_lock_timeout(self) -> Statement:
+        return self._s("short_lock_timeout")
+
+    def lock_holder(self, table) -> Statement:
+        return self._s("lock_holder", table)
+
     def job_steps(self, job_id) -> Statement:
         return self._s("job_steps", job_id)
 

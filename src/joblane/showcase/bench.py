@@ -222,6 +222,9 @@ def _history(app: App, jobs: int) -> None:
     with psycopg.connect(app.dsn, autocommit=True) as conn:
         for start in range(0, jobs, 1_000_000):
             count = min(jobs, start + 1_000_000) - start
+            # the partitions of attempts for these million job ids (the generation of the highest id so far
+            # and the next one), as the workers' pruner makes them ahead of the ids
+            conn.execute(sql.SQL("SELECT {}.ensure_attempt_generations()").format(sql.Identifier(app.schema)))
             conn.execute(sql.SQL(
                 "WITH made AS (INSERT INTO {jobs} (kind, payload, state, attempts, created_at, run_after, started_at,"
                 " finished_at) SELECT 'noop', jsonb_build_object('i', g), 'done', 1, t, t, t, t"

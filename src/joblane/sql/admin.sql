@@ -144,14 +144,20 @@ SELECT name, role, host, pid, version, queues, kinds, concurrency, running, star
  ORDER BY started_at, name;
 
 -- name: table_health
--- joblane's tables in schema $1: size on disk, live and dead row versions, and when (auto)vacuum last ran.
-SELECT c.relname::text, pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
-       greatest(s.last_autovacuum, s.last_vacuum), coalesce(s.autovacuum_count, 0) + coalesce(s.vacuum_count, 0)
+-- joblane's tables in schema $1: size on disk, live and dead row versions, and when (auto)vacuum last ran; a partitioned table (attempts) as the sum of its partitions.
+SELECT c.relname::text, sum(pg_total_relation_size(t.relid))::bigint AS bytes,
+       sum(coalesce(s.n_live_tup, 0))::bigint, sum(coalesce(s.n_dead_tup, 0))::bigint,
+       max(greatest(s.last_autovacuum, s.last_vacuum)),
+       sum(coalesce(s.autovacuum_count, 0) + coalesce(s.vacuum_count, 0))::bigint
   FROM pg_class c
   JOIN pg_namespace n ON n.oid = c.relnamespace
-  LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
- WHERE n.nspname = $1 AND c.relkind = 'r'
- ORDER BY pg_total_relation_size(c.oid) DESC;
+ CROSS JOIN LATERAL (SELECT c.oid AS relid WHERE c.relkind = 'r'
+                     UNION ALL
+                     SELECT p.relid FROM pg_partition_tree(c.oid) AS p WHERE c.relkind = 'p' AND p.isleaf) AS t
+  LEFT JOIN pg_stat_all_tables s ON s.relid = t.relid
+ WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+ GROUP BY c.relname
+ ORDER BY bytes DESC;
 
 -- name: database_health
 -- Whether autovacuum is on, the age in seconds of the oldest open transaction (it holds back every vacuum), and how often autovacuum looks for work (seconds).

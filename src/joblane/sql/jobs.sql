@@ -282,7 +282,12 @@ WITH gone AS (
        AND finished_at < now() - make_interval(secs => $1::float8)
     RETURNING id
 ), gone_attempts AS (
-    DELETE FROM {schema}.attempts WHERE job_id = ANY(ARRAY(SELECT id FROM gone))
+    -- only the tries in attempts_v10 and attempts_carried: a generation's
+    -- partition leaves whole (retire_attempt_generation), never row by row
+    DELETE FROM {schema}.attempts AS a
+     WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone))
+       AND NOT EXISTS (SELECT 1 FROM {schema}.attempt_partitions() AS p
+                        WHERE p.lo IS NOT NULL AND a.job_id >= p.lo AND a.job_id < p.hi)
 ), gone_steps AS (
     DELETE FROM {schema}.job_steps WHERE job_id = ANY(ARRAY(SELECT id FROM gone))
 ), gone_deps AS (
@@ -290,6 +295,36 @@ WITH gone AS (
     DELETE FROM {schema}.job_deps WHERE child_id = ANY(ARRAY(SELECT id FROM gone))
 )
 SELECT id FROM gone;
+
+-- name: ensure_attempt_generations
+-- Make the partitions of attempts for the generation of the highest job id and the next one, where missing; how many were made.
+SELECT {schema}.ensure_attempt_generations();
+
+-- name: attempt_generations
+-- The partitions of attempts that hold a range of job ids (attempts_v10 and the generations; not attempts_carried), oldest first.
+SELECT part::text FROM {schema}.attempt_partitions() WHERE hi IS NOT NULL ORDER BY hi;
+
+-- name: retire_attempt_generation
+-- One step of taking generation $1 of attempts away when every job in it finished more than $2 seconds ago (failed ones count when $3): 'truncated', 'dropped' or 'kept: <why>'.
+SELECT {schema}.retire_attempt_generation($1::text::regclass, $2::float8, $3::bool);
+
+-- name: short_lock_timeout
+-- Give up on a lock after 100 ms for the rest of the transaction (a partition's TRUNCATE, DETACH or DROP, left for the next round).
+SET LOCAL lock_timeout = '100ms';
+
+-- name: lock_holder
+-- The session that has held a lock on table $1 or on attempts longest (what a lock_timeout waited for): kind, who, application, user, state, seconds, query, xid age.
+SELECT 'session'::text AS kind, a.pid::text AS who, a.application_name::text AS application,
+       a.usename::text AS username, a.state::text AS state,
+       extract(epoch FROM now() - coalesce(a.xact_start, a.query_start, a.backend_start))::float8 AS seconds,
+       left(a.query, 300) AS query, age(coalesce(a.backend_xmin, a.backend_xid)) AS xid_age
+  FROM pg_locks AS l
+  JOIN pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.relation IN (to_regclass($1::text), '{schema}.attempts'::regclass)
+ ORDER BY a.xact_start NULLS LAST, a.pid
+ LIMIT 1;
 
 -- name: job_steps
 -- The finished steps of job $1 (name, result as JSON text), read once per try on its first step.

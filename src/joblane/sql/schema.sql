@@ -13,13 +13,12 @@ CREATE TABLE {schema}.attempts (
     outcome text NOT NULL,
     started_at timestamp with time zone,
     worker text,
-    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text, 'waiting'::text, 'timeout'::text]))),
-    CONSTRAINT attempts_pkey PRIMARY KEY (id)
-) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
-CREATE INDEX attempts_finished ON {schema}.attempts USING btree (finished_at);
-CREATE INDEX attempts_job ON {schema}.attempts USING btree (job_id, attempt);
-CREATE INDEX attempts_model ON {schema}.attempts USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
-CREATE INDEX attempts_outcome ON {schema}.attempts USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text, 'waiting'::text, 'timeout'::text])))
+) PARTITION BY RANGE (job_id);
+CREATE INDEX attempts_finished ON ONLY {schema}.attempts USING btree (finished_at);
+CREATE INDEX attempts_job ON ONLY {schema}.attempts USING btree (job_id, attempt);
+CREATE INDEX attempts_model ON ONLY {schema}.attempts USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
+CREATE INDEX attempts_outcome ON ONLY {schema}.attempts USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
 
 CREATE TABLE {schema}.batches (
     callback_job_id bigint,
@@ -92,10 +91,6 @@ CREATE TABLE {schema}.cursors (
 ) PARTITION BY LIST (slot);
 CREATE INDEX cursors_lane ON ONLY {schema}.cursors USING btree (lane_id, step);
 
-CREATE TABLE {schema}.cursors_0 PARTITION OF {schema}.cursors FOR VALUES IN ('0') WITH (autovacuum_enabled=off);
-CREATE TABLE {schema}.cursors_1 PARTITION OF {schema}.cursors FOR VALUES IN ('1') WITH (autovacuum_enabled=off);
-CREATE TABLE {schema}.cursors_2 PARTITION OF {schema}.cursors FOR VALUES IN ('2') WITH (autovacuum_enabled=off);
-CREATE TABLE {schema}.cursors_3 PARTITION OF {schema}.cursors FOR VALUES IN ('3') WITH (autovacuum_enabled=off);
 CREATE TABLE {schema}.deferred (
     due_at timestamp with time zone NOT NULL,
     job_id bigint NOT NULL,
@@ -306,10 +301,6 @@ CREATE TABLE {schema}.ready (
 ) PARTITION BY LIST (slot);
 CREATE INDEX ready_lane ON ONLY {schema}.ready USING btree (lane_id, xid, job_id);
 
-CREATE TABLE {schema}.ready_0 PARTITION OF {schema}.ready FOR VALUES IN ('0') WITH (autovacuum_enabled=off);
-CREATE TABLE {schema}.ready_1 PARTITION OF {schema}.ready FOR VALUES IN ('1') WITH (autovacuum_enabled=off);
-CREATE TABLE {schema}.ready_2 PARTITION OF {schema}.ready FOR VALUES IN ('2') WITH (autovacuum_enabled=off);
-CREATE TABLE {schema}.ready_3 PARTITION OF {schema}.ready FOR VALUES IN ('3') WITH (autovacuum_enabled=off);
 CREATE TABLE {schema}.ready_turns (
     cleared_at timestamp with time zone,
     left_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -346,6 +337,156 @@ CREATE INDEX step_cache_claims ON {schema}.step_cache USING btree (claimed_until
 CREATE INDEX step_cache_created ON {schema}.step_cache USING btree (created_at);
 CREATE INDEX step_cache_expires ON {schema}.step_cache USING btree (expires_at) WHERE (state = 'done'::text);
 
+CREATE TABLE {schema}.attempts_carried (
+    attempt integer NOT NULL,
+    error text,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    meta jsonb,
+    outcome text NOT NULL,
+    started_at timestamp with time zone,
+    worker text,
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text, 'waiting'::text, 'timeout'::text])))
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
+CREATE INDEX attempts_carried_expr_finished_at_idx ON {schema}.attempts_carried USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
+CREATE INDEX attempts_carried_finished_at_idx ON {schema}.attempts_carried USING btree (finished_at);
+CREATE INDEX attempts_carried_id ON {schema}.attempts_carried USING btree (id);
+CREATE INDEX attempts_carried_job_id_attempt_idx ON {schema}.attempts_carried USING btree (job_id, attempt);
+CREATE INDEX attempts_carried_outcome_finished_at_idx ON {schema}.attempts_carried USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
+ALTER TABLE {schema}.attempts ATTACH PARTITION {schema}.attempts_carried DEFAULT;
+
+CREATE TABLE {schema}.attempts_g1 (
+    attempt integer NOT NULL,
+    error text,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    meta jsonb,
+    outcome text NOT NULL,
+    started_at timestamp with time zone,
+    worker text,
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text, 'waiting'::text, 'timeout'::text])))
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
+CREATE INDEX attempts_g1_expr_finished_at_idx ON {schema}.attempts_g1 USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
+CREATE INDEX attempts_g1_finished_at_idx ON {schema}.attempts_g1 USING btree (finished_at);
+CREATE INDEX attempts_g1_id ON {schema}.attempts_g1 USING btree (id);
+CREATE INDEX attempts_g1_job_id_attempt_idx ON {schema}.attempts_g1 USING btree (job_id, attempt);
+CREATE INDEX attempts_g1_outcome_finished_at_idx ON {schema}.attempts_g1 USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
+ALTER TABLE {schema}.attempts ATTACH PARTITION {schema}.attempts_g1 FOR VALUES FROM ('1048576') TO ('2097152');
+
+CREATE TABLE {schema}.attempts_v10 (
+    attempt integer NOT NULL,
+    error text,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    meta jsonb,
+    outcome text NOT NULL,
+    started_at timestamp with time zone,
+    worker text,
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['done'::text, 'retry'::text, 'snoozed'::text, 'failed'::text, 'held'::text, 'lost'::text, 'released'::text, 'rejected'::text, 'cancelled'::text, 'waiting'::text, 'timeout'::text]))),
+    CONSTRAINT attempts_v10_job_id_check CHECK ((job_id < 1048576)),
+    CONSTRAINT attempts_v10_pkey PRIMARY KEY (id)
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, autovacuum_vacuum_cost_delay=1);
+CREATE INDEX attempts_v10_finished ON {schema}.attempts_v10 USING btree (finished_at);
+CREATE INDEX attempts_v10_job ON {schema}.attempts_v10 USING btree (job_id, attempt);
+CREATE INDEX attempts_v10_model ON {schema}.attempts_v10 USING btree (((meta ->> 'model'::text)), finished_at) WHERE ((meta ->> 'model'::text) IS NOT NULL);
+CREATE INDEX attempts_v10_outcome ON {schema}.attempts_v10 USING btree (outcome, finished_at) WHERE (outcome <> 'done'::text);
+ALTER TABLE {schema}.attempts ATTACH PARTITION {schema}.attempts_v10 FOR VALUES FROM (MINVALUE) TO ('1048576');
+
+CREATE TABLE {schema}.cursors_0 (
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    exhausted boolean NOT NULL,
+    hi pg_snapshot NOT NULL,
+    lane_id integer NOT NULL,
+    last_job bigint NOT NULL,
+    last_xid xid8 NOT NULL,
+    lo pg_snapshot NOT NULL,
+    slot smallint NOT NULL,
+    step bigint NOT NULL
+) WITH (autovacuum_enabled=off);
+CREATE INDEX cursors_0_lane_id_step_idx ON {schema}.cursors_0 USING btree (lane_id, step);
+ALTER TABLE {schema}.cursors ATTACH PARTITION {schema}.cursors_0 FOR VALUES IN ('0');
+
+CREATE TABLE {schema}.cursors_1 (
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    exhausted boolean NOT NULL,
+    hi pg_snapshot NOT NULL,
+    lane_id integer NOT NULL,
+    last_job bigint NOT NULL,
+    last_xid xid8 NOT NULL,
+    lo pg_snapshot NOT NULL,
+    slot smallint NOT NULL,
+    step bigint NOT NULL
+) WITH (autovacuum_enabled=off);
+CREATE INDEX cursors_1_lane_id_step_idx ON {schema}.cursors_1 USING btree (lane_id, step);
+ALTER TABLE {schema}.cursors ATTACH PARTITION {schema}.cursors_1 FOR VALUES IN ('1');
+
+CREATE TABLE {schema}.cursors_2 (
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    exhausted boolean NOT NULL,
+    hi pg_snapshot NOT NULL,
+    lane_id integer NOT NULL,
+    last_job bigint NOT NULL,
+    last_xid xid8 NOT NULL,
+    lo pg_snapshot NOT NULL,
+    slot smallint NOT NULL,
+    step bigint NOT NULL
+) WITH (autovacuum_enabled=off);
+CREATE INDEX cursors_2_lane_id_step_idx ON {schema}.cursors_2 USING btree (lane_id, step);
+ALTER TABLE {schema}.cursors ATTACH PARTITION {schema}.cursors_2 FOR VALUES IN ('2');
+
+CREATE TABLE {schema}.cursors_3 (
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    exhausted boolean NOT NULL,
+    hi pg_snapshot NOT NULL,
+    lane_id integer NOT NULL,
+    last_job bigint NOT NULL,
+    last_xid xid8 NOT NULL,
+    lo pg_snapshot NOT NULL,
+    slot smallint NOT NULL,
+    step bigint NOT NULL
+) WITH (autovacuum_enabled=off);
+CREATE INDEX cursors_3_lane_id_step_idx ON {schema}.cursors_3 USING btree (lane_id, step);
+ALTER TABLE {schema}.cursors ATTACH PARTITION {schema}.cursors_3 FOR VALUES IN ('3');
+
+CREATE TABLE {schema}.ready_0 (
+    job_id bigint NOT NULL,
+    lane_id integer NOT NULL,
+    slot smallint NOT NULL,
+    xid xid8 NOT NULL
+) WITH (autovacuum_enabled=off);
+CREATE INDEX ready_0_lane_id_xid_job_id_idx ON {schema}.ready_0 USING btree (lane_id, xid, job_id);
+ALTER TABLE {schema}.ready ATTACH PARTITION {schema}.ready_0 FOR VALUES IN ('0');
+
+CREATE TABLE {schema}.ready_1 (
+    job_id bigint NOT NULL,
+    lane_id integer NOT NULL,
+    slot smallint NOT NULL,
+    xid xid8 NOT NULL
+) WITH (autovacuum_enabled=off);
+CREATE INDEX ready_1_lane_id_xid_job_id_idx ON {schema}.ready_1 USING btree (lane_id, xid, job_id);
+ALTER TABLE {schema}.ready ATTACH PARTITION {schema}.ready_1 FOR VALUES IN ('1');
+
+CREATE TABLE {schema}.ready_2 (
+    job_id bigint NOT NULL,
+    lane_id integer NOT NULL,
+    slot smallint NOT NULL,
+    xid xid8 NOT NULL
+) WITH (autovacuum_enabled=off);
+CREATE INDEX ready_2_lane_id_xid_job_id_idx ON {schema}.ready_2 USING btree (lane_id, xid, job_id);
+ALTER TABLE {schema}.ready ATTACH PARTITION {schema}.ready_2 FOR VALUES IN ('2');
+
+CREATE TABLE {schema}.ready_3 (
+    job_id bigint NOT NULL,
+    lane_id integer NOT NULL,
+    slot smallint NOT NULL,
+    xid xid8 NOT NULL
+) WITH (autovacuum_enabled=off);
+CREATE INDEX ready_3_lane_id_xid_job_id_idx ON {schema}.ready_3 USING btree (lane_id, xid, job_id);
+ALTER TABLE {schema}.ready ATTACH PARTITION {schema}.ready_3 FOR VALUES IN ('3');
+
 CREATE OR REPLACE FUNCTION {schema}.add_to_batch(p_batch bigint, p_ids bigint[])
  RETURNS integer
  LANGUAGE plpgsql
@@ -368,6 +509,59 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.attempt_generation_kept(p_part regclass, p_retention double precision, p_prune_failed boolean)
+ RETURNS text
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    v_lo bigint;
+    v_hi bigint;
+    cutoff timestamptz := now() - make_interval(secs => p_retention);
+    stays bigint;
+BEGIN
+    SELECT coalesce(p.lo, -9223372036854775808), p.hi INTO v_lo, v_hi
+      FROM {schema}.attempt_partitions() AS p WHERE p.part = p_part AND p.hi IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN 'not a generation of attempts';
+    END IF;
+    IF v_hi - 1 > coalesce(pg_sequence_last_value(pg_get_serial_sequence('{schema}.jobs', 'id')::regclass), 0) THEN
+        RETURN 'job ids of the generation are still to be handed out';
+    END IF;
+    SELECT j.id INTO stays FROM {schema}.jobs AS j
+     WHERE j.id >= v_lo AND j.id < v_hi
+       AND NOT coalesce((j.state IN ('done', 'cancelled') OR (j.state = 'failed' AND p_prune_failed))
+                        AND j.finished_at < cutoff, false)
+     ORDER BY j.id
+     LIMIT 1;
+    IF FOUND THEN
+        RETURN format('job %s is unfinished, kept or finished within the retention', stays);
+    END IF;
+    IF EXISTS (SELECT 1 FROM {schema}.attempts AS a WHERE a.job_id >= v_lo AND a.job_id < v_hi AND a.finished_at >= cutoff) THEN
+        RETURN 'a try finished within the retention';
+    END IF;
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.attempt_partitions()
+ RETURNS TABLE(part regclass, lo bigint, hi bigint)
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT c.oid::regclass,
+           CASE WHEN b[1] <> 'MINVALUE' THEN b[1]::bigint END,
+           b[2]::bigint
+      FROM pg_inherits AS i
+      JOIN pg_class AS c ON c.oid = i.inhrelid
+      LEFT JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
+                                     '^FOR VALUES FROM \(''?([^'')]*)''?\) TO \(''?([^'')]*)''?\)$') AS b ON true
+     WHERE i.inhparent = '{schema}.attempts'::regclass
+     ORDER BY 2 NULLS FIRST, 3 NULLS LAST;
 $function$;
 
 CREATE OR REPLACE FUNCTION {schema}.batch_job_finished(p_batch bigint)
@@ -589,6 +783,35 @@ BEGIN
         PERFORM pg_notify({schema}.jobs_channel(), enqueue.queue);
     END IF;
     RETURN new_id;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.ensure_attempt_generations()
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    size constant bigint := 1048576;
+    top bigint := greatest(coalesce(pg_sequence_last_value(pg_get_serial_sequence('{schema}.jobs', 'id')::regclass), 0), 0);
+    g bigint;
+    g_lo bigint;
+    made integer := 0;
+BEGIN
+    FOREACH g IN ARRAY ARRAY[top / size, top / size + 1] LOOP
+        g_lo := g * size;
+        CONTINUE WHEN EXISTS (SELECT 1 FROM {schema}.attempt_partitions() AS p
+                               WHERE p.hi > g_lo AND (p.lo IS NULL OR p.lo < g_lo + size));
+        CONTINUE WHEN EXISTS (SELECT 1 FROM {schema}.attempts AS a WHERE a.job_id >= g_lo AND a.job_id < g_lo + size);
+        EXECUTE format('CREATE TABLE {schema}.%I PARTITION OF {schema}.attempts FOR VALUES FROM (%s) TO (%s)'
+                       ' WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,'
+                       ' autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000,'
+                       ' autovacuum_vacuum_cost_delay = 1)', 'attempts_g' || g, g_lo, g_lo + size);
+        EXECUTE format('CREATE INDEX %I ON {schema}.%I (id)', 'attempts_g' || g || '_id', 'attempts_g' || g);
+        made := made + 1;
+    END LOOP;
+    RETURN made;
 END
 $function$;
 
@@ -1022,6 +1245,43 @@ BEGIN
     IF v.ids IS NOT NULL THEN
         PERFORM {schema}.queue_entries(v.ids, v.queues, v.priorities, v.run_after);
     END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION {schema}.retire_attempt_generation(p_part regclass, p_retention double precision, p_prune_failed boolean)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    why text := {schema}.attempt_generation_kept(p_part, p_retention, p_prune_failed);
+    has_rows boolean;
+BEGIN
+    IF why IS NOT NULL THEN
+        RETURN 'kept: ' || why;
+    END IF;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', p_part) INTO has_rows;
+    IF has_rows THEN
+        EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', p_part);
+        why := {schema}.attempt_generation_kept(p_part, p_retention, p_prune_failed);
+        IF why IS NOT NULL THEN
+            RETURN 'kept: ' || why;
+        END IF;
+        EXECUTE format('TRUNCATE %s', p_part);
+        RETURN 'truncated';
+    END IF;
+    BEGIN
+        EXECUTE format('ALTER TABLE {schema}.attempts DETACH PARTITION %s', p_part);
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', p_part) INTO has_rows;
+        IF has_rows THEN
+            RAISE EXCEPTION 'a try arrived after the truncation' USING ERRCODE = 'JL001';
+        END IF;
+        EXECUTE format('DROP TABLE %s', p_part);
+    EXCEPTION WHEN SQLSTATE 'JL001' THEN
+        RETURN 'kept: a try arrived after the truncation';
+    END;
+    RETURN 'dropped';
 END
 $function$;
 
