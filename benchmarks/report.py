@@ -127,7 +127,7 @@ def held_section(runs: list[dict]) -> list[str]:
         "Each system in turn in a fresh database of a cluster with PostgreSQL's defaults (autovacuum on) plus "
         "pg_stat_statements. A cell is the last minute of the phase (the whole phase when shorter). Pick-up: "
         "from just before the job's INSERT to its handler's start; claim: the claim statement's mean time; "
-        "entries/claim: `jobs_ready` entries read per claim; WAL: the cluster's WAL per job enqueued; tables: "
+        "entries/claim: index entries read per claim (`jobs_ready` up to schema version 12; from version 13, a run whose file is named held-v13*, the entries and cursor rows of the claim's lanes); WAL: the cluster's WAL per job enqueued; tables: "
         "heap + indexes of the system's tables. Offered is what the producer committed: on a busy 2-core "
         "machine it can fall short of R.",
         "",
@@ -191,7 +191,9 @@ def main() -> None:
                         help="held_snapshot.py's results (repeatable; default every benchmarks/held*.json)")
     args = parser.parse_args()
     paths = args.results or [str(p) for p in sorted(HERE.glob("results*.json"))]
-    runs = sorted((json.loads(Path(p).read_text()) for p in paths), key=lambda run: run["when"])
+    loaded = [json.loads(Path(p).read_text()) for p in paths]
+    # run.py's files only (results-cursor-probe.json is cursor_probe.py's, reported in docs/architecture.md)
+    runs = sorted((run for run in loaded if "when" in run and "ratios" in run), key=lambda run: run["when"])
     source: dict[str, int] = {}  # workload -> the run it is shown from
     for i, run in enumerate(runs):
         for r in run["results"]:

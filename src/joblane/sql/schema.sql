@@ -305,7 +305,7 @@ CREATE TABLE {schema}.ready_turns (
     cleared_at timestamp with time zone,
     left_at timestamp with time zone DEFAULT now() NOT NULL,
     left_slot smallint NOT NULL,
-    left_snapshot pg_snapshot NOT NULL,
+    left_xid xid8 NOT NULL,
     turn bigint NOT NULL,
     CONSTRAINT ready_turns_pkey PRIMARY KEY (turn)
 );
@@ -1304,7 +1304,7 @@ BEGIN
     END IF;
     SELECT last_value INTO v_turn FROM {schema}.ready_turn;
     FOR t IN SELECT * FROM {schema}.ready_turns WHERE cleared_at IS NULL ORDER BY turn LOOP
-        IF pg_snapshot_xmin(pg_current_snapshot()) < pg_snapshot_xmax(t.left_snapshot) THEN
+        IF pg_snapshot_xmin(pg_current_snapshot()) <= t.left_xid THEN
             v_out := v_out || format('slot %s waits for a transaction that wrote into it', t.left_slot);
             EXIT;
         END IF;
@@ -1314,7 +1314,7 @@ BEGIN
            AND NOT EXISTS (SELECT 1
                              FROM (SELECT cu.lo FROM {schema}.cursors AS cu WHERE cu.lane_id = l.lane_id
                                     ORDER BY cu.step DESC LIMIT 1) AS cu
-                            WHERE pg_snapshot_xmin(cu.lo) >= pg_snapshot_xmax(t.left_snapshot))
+                            WHERE pg_snapshot_xmin(cu.lo) > t.left_xid)
          LIMIT 1;
         IF FOUND THEN
             v_out := v_out || format('slot %s waits for lane %s to be claimed past it', t.left_slot, v_lane);
@@ -1342,9 +1342,9 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM {schema}.ready_turns
                         WHERE cleared_at IS NULL AND left_slot = ((v_turn + 1) % 4)) THEN
         PERFORM nextval('{schema}.ready_turn');
-        -- taken after the turn: a writer that read the old slot had its xid before, so it is below xmax
-        INSERT INTO {schema}.ready_turns (turn, left_slot, left_snapshot)
-        VALUES (v_turn, (v_turn % 4)::smallint, pg_current_snapshot());
+        -- this transaction's xid, taken after the turn: every writer that read the old slot has a lower one
+        INSERT INTO {schema}.ready_turns (turn, left_slot, left_xid)
+        VALUES (v_turn, (v_turn % 4)::smallint, pg_current_xact_id());
         v_out := v_out || format('turned to slot %s', (v_turn + 1) % 4);
     END IF;
     RETURN v_out;

@@ -101,14 +101,19 @@ CREATE TABLE {schema}.cursors_2 PARTITION OF {schema}.cursors FOR VALUES IN (2) 
 CREATE TABLE {schema}.cursors_3 PARTITION OF {schema}.cursors FOR VALUES IN (3) WITH (autovacuum_enabled = off);
 CREATE INDEX cursors_lane ON {schema}.cursors (lane_id, step);
 
--- One row per turn of the ring: the slot it left, and a snapshot taken after
--- it left (every transaction that could still write into that slot is below
--- its xmax). cleared_at is set when the slot was emptied.
+-- One row per turn of the ring: the slot it left and left_xid, an xid the
+-- turning transaction took after the turn. A writer reads the slot after it
+-- has its own xid, so every writer into the slot left has an xid below
+-- left_xid: the slot may go once no such transaction runs and every lane's
+-- cursor has a lo taken after they all ended. (A snapshot's xmax would not
+-- do: since PostgreSQL 14 it is one past the latest completed xid, and a
+-- transaction running with a higher xid is neither below it nor in xip.)
+-- cleared_at is set when the slot was emptied.
 CREATE TABLE {schema}.ready_turns (
     turn bigint PRIMARY KEY,
     left_slot smallint NOT NULL,
     left_at timestamptz NOT NULL DEFAULT now(),
-    left_snapshot pg_snapshot NOT NULL,
+    left_xid xid8 NOT NULL,
     cleared_at timestamptz
 );
 
@@ -441,7 +446,7 @@ BEGIN
     END IF;
     SELECT last_value INTO v_turn FROM {schema}.ready_turn;
     FOR t IN SELECT * FROM {schema}.ready_turns WHERE cleared_at IS NULL ORDER BY turn LOOP
-        IF pg_snapshot_xmin(pg_current_snapshot()) < pg_snapshot_xmax(t.left_snapshot) THEN
+        IF pg_snapshot_xmin(pg_current_snapshot()) <= t.left_xid THEN
             v_out := v_out || format('slot %s waits for a transaction that wrote into it', t.left_slot);
             EXIT;
         END IF;
@@ -451,7 +456,7 @@ BEGIN
            AND NOT EXISTS (SELECT 1
                              FROM (SELECT cu.lo FROM {schema}.cursors AS cu WHERE cu.lane_id = l.lane_id
                                     ORDER BY cu.step DESC LIMIT 1) AS cu
-                            WHERE pg_snapshot_xmin(cu.lo) >= pg_snapshot_xmax(t.left_snapshot))
+                            WHERE pg_snapshot_xmin(cu.lo) > t.left_xid)
          LIMIT 1;
         IF FOUND THEN
             v_out := v_out || format('slot %s waits for lane %s to be claimed past it', t.left_slot, v_lane);
@@ -479,9 +484,9 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM {schema}.ready_turns
                         WHERE cleared_at IS NULL AND left_slot = ((v_turn + 1) % 4)) THEN
         PERFORM nextval('{schema}.ready_turn');
-        -- taken after the turn: a writer that read the old slot had its xid before, so it is below xmax
-        INSERT INTO {schema}.ready_turns (turn, left_slot, left_snapshot)
-        VALUES (v_turn, (v_turn % 4)::smallint, pg_current_snapshot());
+        -- this transaction's xid, taken after the turn: every writer that read the old slot has a lower one
+        INSERT INTO {schema}.ready_turns (turn, left_slot, left_xid)
+        VALUES (v_turn, (v_turn % 4)::smallint, pg_current_xact_id());
         v_out := v_out || format('turned to slot %s', (v_turn + 1) % 4);
     END IF;
     RETURN v_out;
