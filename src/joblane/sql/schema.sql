@@ -886,17 +886,27 @@ CREATE OR REPLACE FUNCTION {schema}.jobs_added()
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-DECLARE
-    v record;
 BEGIN
-    SELECT array_agg(a.id) AS ids, array_agg(a.queue) AS queues, array_agg(a.priority) AS priorities,
-           array_agg(a.run_after) AS run_after
-      INTO v
-      FROM added AS a
-     WHERE a.state = 'pending';
-    IF v.ids IS NOT NULL THEN
-        PERFORM {schema}.queue_entries(v.ids, v.queues, v.priorities, v.run_after);
-    END IF;
+    WITH a AS MATERIALIZED (
+        SELECT n.id, n.queue, n.priority, n.run_after, n.run_after <= clock_timestamp() AS due
+          FROM added AS n
+         WHERE n.state = 'pending'
+    ), listed AS (
+        INSERT INTO {schema}.lanes (lane_id, queue, priority)
+        SELECT {schema}.lane_of(t.queue, t.priority), t.queue, t.priority
+          FROM (SELECT DISTINCT a.queue, a.priority FROM a) AS t
+         WHERE NOT EXISTS (SELECT 1 FROM {schema}.lanes AS l
+                            WHERE l.lane_id = {schema}.lane_of(t.queue, t.priority)
+                              AND l.queue = t.queue AND l.priority = t.priority)
+    ), later AS (
+        INSERT INTO {schema}.deferred (due_at, xid, job_id)
+        SELECT a.run_after, pg_current_xact_id(), a.id FROM a WHERE NOT a.due
+    )
+    INSERT INTO {schema}.ready (slot, lane_id, xid, job_id)
+    SELECT (SELECT (t.last_value % 4)::smallint FROM {schema}.ready_turn AS t),
+           {schema}.lane_of(a.queue, a.priority), pg_current_xact_id(), a.id
+      FROM a
+     WHERE a.due;
     RETURN NULL;
 END
 $function$;

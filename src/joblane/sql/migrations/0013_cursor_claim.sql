@@ -181,22 +181,36 @@ BEGIN
 END
 $$;
 
+-- The enqueue path: one statement per INSERT on jobs, however many jobs
+-- (queue_entries' three steps in one, without a call of its own: this runs
+-- once per enqueue). The insert into jobs gave the transaction its xid, so
+-- the slot is read after it (rotate_ready).
 CREATE FUNCTION {schema}.jobs_added() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v record;
 BEGIN
-    SELECT array_agg(a.id) AS ids, array_agg(a.queue) AS queues, array_agg(a.priority) AS priorities,
-           array_agg(a.run_after) AS run_after
-      INTO v
-      FROM added AS a
-     WHERE a.state = 'pending';
-    IF v.ids IS NOT NULL THEN
-        PERFORM {schema}.queue_entries(v.ids, v.queues, v.priorities, v.run_after);
-    END IF;
+    WITH a AS MATERIALIZED (
+        SELECT n.id, n.queue, n.priority, n.run_after, n.run_after <= clock_timestamp() AS due
+          FROM added AS n
+         WHERE n.state = 'pending'
+    ), listed AS (
+        INSERT INTO {schema}.lanes (lane_id, queue, priority)
+        SELECT {schema}.lane_of(t.queue, t.priority), t.queue, t.priority
+          FROM (SELECT DISTINCT a.queue, a.priority FROM a) AS t
+         WHERE NOT EXISTS (SELECT 1 FROM {schema}.lanes AS l
+                            WHERE l.lane_id = {schema}.lane_of(t.queue, t.priority)
+                              AND l.queue = t.queue AND l.priority = t.priority)
+    ), later AS (
+        INSERT INTO {schema}.deferred (due_at, xid, job_id)
+        SELECT a.run_after, pg_current_xact_id(), a.id FROM a WHERE NOT a.due
+    )
+    INSERT INTO {schema}.ready (slot, lane_id, xid, job_id)
+    SELECT (SELECT (t.last_value % 4)::smallint FROM {schema}.ready_turn AS t),
+           {schema}.lane_of(a.queue, a.priority), pg_current_xact_id(), a.id
+      FROM a
+     WHERE a.due;
     RETURN NULL;
 END
 $$;
