@@ -596,7 +596,7 @@ DECLARE
     v_need int := p_limit;
     v_busy boolean;
     v_more boolean;
-    v_round int;
+    v_again bigint[];
     v_take bigint[];
     v_n int;
 BEGIN
@@ -609,7 +609,7 @@ BEGIN
     END IF;
     -- jobs it promotes carry this transaction's xid, so a later claim takes them: say so (below)
     v_busy := {schema}.promote_due_jobs() > 0;
-    FOR v_round IN 1..4 LOOP
+    LOOP
         WITH tried AS MATERIALIZED (
             SELECT l.lane_id, l.priority, pg_try_advisory_xact_lock(v_space, l.lane_id) AS got
               FROM (SELECT DISTINCT l.lane_id, l.priority FROM {schema}.lanes AS l
@@ -721,8 +721,12 @@ BEGIN
         -- Entries that gave no job: stale ones (the job ran, was cancelled or deleted) are dropped; a
         -- job still pending (a row another transaction holds, or not due) is appended again, since its
         -- entry here is consumed.
-        PERFORM {schema}.requeue_jobs(ARRAY(SELECT j.id FROM {schema}.jobs AS j
-                                             WHERE j.id = ANY(v_take) AND (j.state = 'pending') IS TRUE));
+        v_again := ARRAY(SELECT j.id FROM {schema}.jobs AS j
+                          WHERE j.id = ANY(v_take) AND (j.state = 'pending') IS TRUE);
+        PERFORM {schema}.requeue_jobs(v_again);
+        -- go round while stale entries were dropped (each round moves past them, so this ends); a
+        -- round that only gave back rows others hold stops here, or it would read them again
+        EXIT WHEN cardinality(v_take) - v_n - cardinality(v_again) = 0;
     END LOOP;
     IF v_busy AND v_need > 0 THEN
         RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::integer,
