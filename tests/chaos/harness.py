@@ -36,7 +36,8 @@ from .chaos_app import EXPECTED
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.chaos.chaos_app:app"
 RELAY_APP = "tests.chaos.relay_app:app"
-WORKER_ARGS = ["--concurrency", "10", "--lease", "2", "--poll-interval", "0.2", "--grace", "3"]
+# the claim's ring turns every second, so its slots are emptied (TRUNCATE) many times under the faults
+WORKER_ARGS = ["--concurrency", "10", "--lease", "2", "--poll-interval", "0.2", "--grace", "3", "--ring-turn", "1"]
 RELAY_ARGS = ["--batch-size", "100", "--concurrency", "2", "--lease", "2", "--poll-interval", "0.2", "--grace", "3"]
 
 

@@ -71,6 +71,9 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 @click.option("--vacuum-interval", default="10s", show_default=True, type=Duration(),
               help="Vacuum jobs once its dead row versions pile up, at least this often (sooner while "
                    "its vacuums are quick); 0 leaves it to autovacuum.")
+@click.option("--ring-turn", "ring_turn_seconds", default="10s", show_default=True, type=Duration(),
+              help="Turn the claim's ring of ready entries this often; a slot left behind is emptied (TRUNCATE) "
+                   "once nothing can need it, so a shorter turn gives the space back sooner.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs joblane[telemetry]).")
@@ -83,7 +86,7 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
            retention_seconds: float, log_format: str, verbose: bool, connect_timeout: float,
            metrics_port: int | None = None, metrics_host: str = "127.0.0.1", pgbouncer: bool | None = None, stall_warning: float = 2.0,
            unknown_kind_timeout: float = 600.0, claimers: int | None = None, vacuum_interval: float = 10.0,
-           prefetch: int | None = None, stop_seconds: float = 10.0) -> None:
+           prefetch: int | None = None, stop_seconds: float = 10.0, ring_turn_seconds: float = 10.0) -> None:
     """Run the tasks of APP (module:attribute naming a joblane.App)."""
     from ..worker import Worker
 
@@ -100,7 +103,8 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
                                    retention_seconds=retention_seconds, connect_timeout=connect_timeout,
                                    pgbouncer=pgbouncer, stall_warning=stall_warning,
                                    unknown_kind_timeout=unknown_kind_timeout, vacuum_interval=vacuum_interval,
-                                   stop_seconds=stop_seconds, exit_when_stuck=True))
+                                   stop_seconds=stop_seconds, ring_turn_seconds=ring_turn_seconds,
+                                   exit_when_stuck=True))
     if metrics_port is not None:
         from ..telemetry import serve_metrics
 
