@@ -133,6 +133,35 @@ def test_jobs_not_due_are_promoted_when_due_even_when_committed_after_it(joblane
         assert claim_all(conn, app) == [soon]
 
 
+def deferred_rows(conn, app) -> list[int]:
+    return sorted(r[0] for r in conn.execute(f"SELECT job_id FROM {quote_ident(app.schema)}.deferred"))
+
+
+def test_promoted_rows_leave_deferred_and_the_rest_stay(joblane_dsn, app):
+    """prune_deferred deletes the rows the promotion took, never one it may still need: a row not due yet,
+    or one whose transaction was still open when the promotion last looked."""
+    prune = f"SELECT {quote_ident(app.schema)}.prune_deferred(%s)"
+    with psycopg.connect(joblane_dsn, autocommit=True) as conn, psycopg.connect(joblane_dsn) as producer:
+        soon = insert(conn, app, n=3, delay=0.3)
+        [later] = insert(conn, app, delay=3600)
+        [tardy] = insert(producer, app, delay=0.3)  # due in 0.3 s, committed after the next promotion
+        time.sleep(0.5)
+        assert sorted(claim_all(conn, app)) == soon  # the promotion's snapshot had tardy's transaction open
+        producer.commit()  # visible to the prune now, not promoted yet
+        assert conn.execute(prune, (1000,)).fetchone()[0] == 3
+        assert deferred_rows(conn, app) == sorted([later, tardy])
+        assert claim_all(conn, app) == [tardy]
+        assert conn.execute(prune, (1000,)).fetchone()[0] == 1
+        assert deferred_rows(conn, app) == [later]
+        # in batches, the oldest due first
+        many = insert(conn, app, n=5, delay=0.2)
+        time.sleep(1.3)
+        assert sorted(claim_all(conn, app)) == many
+        assert conn.execute(prune, (2,)).fetchone()[0] == 2
+        assert conn.execute(prune, (10,)).fetchone()[0] == 3
+        assert deferred_rows(conn, app) == [later]
+
+
 def test_a_row_another_transaction_holds_is_passed_over_without_waiting_then_claimed(joblane_dsn, app):
     with psycopg.connect(joblane_dsn, autocommit=True) as conn, psycopg.connect(joblane_dsn) as other:
         held, free = insert(conn, app, 2)

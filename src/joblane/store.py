@@ -466,6 +466,9 @@ class Store:
     def rotate_ready(self, turn_every) -> Statement:
         return self._s("rotate_ready", turn_every)
 
+    def prune_deferred(self, limit) -> Statement:
+        return self._s("prune_deferred", limit)
+
     def rescue_expired(self, limit) -> Statement:
         return self._s("rescue_expired", limit)
 

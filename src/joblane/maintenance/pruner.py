@@ -1,6 +1,7 @@
 """Pruner: delete finished jobs (and their attempts) older than the retention; then finished batches
 none of whose jobs are left, signals no job waited for, cached step results past their expiry (and
-claims on a key whose job died), and budget windows that ended longer ago than the longest window in use.
+claims on a key whose job died), budget windows that ended longer ago than the longest window in use, and
+the rows of delayed jobs that the claims promoted into their ready entries.
 
 The tries of a generation of job ids (a partition of attempts) leave whole: once every job of the
 generation finished longer ago than the retention, its partition is truncated, then detached and
@@ -44,6 +45,7 @@ class Pruner(Service):
         self.batch = batch
         self.cache_pruned = 0
         self.budget_windows_pruned = 0
+        self.deferred_pruned = 0
         self.generations_dropped = 0
         self._generations_at: float | None = None  # monotonic time of the last round of generations
 
@@ -114,10 +116,13 @@ class Pruner(Service):
             await store.records(conn, self.store.prune_flows(self.retention, self.batch))
             cache = await store.value(conn, self.store.prune_step_cache(self.batch))
             windows = await store.value(conn, self.store.prune_budget_usage(self.batch))
+            # the rows of delayed jobs the claims have promoted into their ready entries
+            deferred = await store.value(conn, self.store.prune_deferred(self.batch))
             self.cache_pruned += cache
             self.budget_windows_pruned += windows
+            self.deferred_pruned += deferred
             if cache or windows:
                 self.log.info("pruner: %d cached step results past their expiry, %d old budget windows removed",
                               cache, windows)
-                self.behind = cache >= self.batch or windows >= self.batch
+            self.behind = cache >= self.batch or windows >= self.batch or deferred >= self.batch
         return pruned

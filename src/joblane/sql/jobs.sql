@@ -232,6 +232,10 @@ RETURNING id;
 -- Turn the ring of ready entries and cursor rows every $1 seconds, and empty the slots left behind that no claim can need (migration 0013); returns what it did.
 SELECT {schema}.rotate_ready($1::float8);
 
+-- name: prune_deferred
+-- Delete up to $1 rows of deferred that the promotion has certainly taken into ready (migration 0015); returns how many.
+SELECT {schema}.prune_deferred($1::int);
+
 -- name: rescue_expired
 -- Give back up to $1 running jobs whose lease expired: pending again, or failed when out of attempts.
 WITH lost AS (

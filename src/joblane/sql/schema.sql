@@ -1121,6 +1121,31 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION {schema}.prune_deferred(p_limit integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    c record;
+    v_n integer;
+BEGIN
+    SELECT cu.lo, cu.at INTO c
+      FROM {schema}.cursors AS cu WHERE cu.lane_id = 0 ORDER BY cu.step DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM {schema}.deferred AS d
+     WHERE d.ctid = ANY(ARRAY(SELECT x.ctid FROM {schema}.deferred AS x
+                               WHERE x.due_at <= c.at AND x.xid < pg_snapshot_xmin(c.lo)
+                               ORDER BY x.due_at
+                               LIMIT p_limit));
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION {schema}.publish(topic text, payload jsonb DEFAULT '{}'::jsonb, key text DEFAULT NULL::text, idempotency_key text DEFAULT NULL::text, headers jsonb DEFAULT '{}'::jsonb)
  RETURNS bigint
  LANGUAGE plpgsql
