@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import time
 
@@ -121,7 +122,8 @@ def test_an_upgrade_from_version_10_with_a_version_10_worker_running_finishes_ev
                                        " WHERE id = ANY(%s)", ([scheduled, retried],)).fetchall())
 
         # A worker of version 10 claims and completes queue qa in a process of its own, across the migration.
-        # It passes over the row of NULLs today's claim_jobs may end with.
+        # It passes over the row of NULLs today's claim_jobs may end with, which version 10's worker did not
+        # (test_a_version_10_worker_gets_only_jobs_from_claim_jobs_after_the_upgrade).
         ctx = multiprocessing.get_context("spawn")
         claimed_once, migrated, stop = ctx.Event(), ctx.Event(), ctx.Event()
         results = ctx.Queue()
@@ -198,3 +200,30 @@ def test_an_upgrade_from_version_10_with_a_version_10_worker_running_finishes_ev
                  if t[0] in pending and pending[t[0]][0] == "qb"]
         assert len(order) == 30 and order == sorted(order), order
 
+
+@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
+    "migration 13's claim_jobs ends with a row of NULLs when it found a lane busy or promoted deferred jobs "
+    "(a signal to today's worker to claim again); a worker of version 10, 11 or 12 still running after the "
+    "upgrade starts every row it gets as a job, json.loads(None) raises TypeError in its claim loop, and the "
+    "worker exits (status 1)"))
+def test_a_version_10_worker_gets_only_jobs_from_claim_jobs_after_the_upgrade(joblane_dsn):
+    """A worker of version 10 that runs on across the upgrade calls today's claim_jobs: every row it gets
+    must be a job, since it starts each one (worker/worker.py of version 10: Job(payload=json.loads(row[3]))
+    for each row, in (priority, id) order)."""
+    with isolated_schema(joblane_dsn, migrate=False) as schema, \
+            psycopg.connect(joblane_dsn, autocommit=True) as conn, psycopg.connect(joblane_dsn) as other:
+        assert migrations.migrate(conn, schema, target=10) == list(range(1, 11))
+        s = quote_ident(schema)
+        conn.execute(f"INSERT INTO {s}.jobs (queue, kind, payload, run_after)"
+                     " VALUES ('qa', 'work', '{}', now() + interval '0.3 seconds'), ('qb', 'work', '{}', now())")
+        migrations.migrate(conn, schema)
+        time.sleep(0.4)
+        # the job scheduled at the upgrade came due: the claim promotes it (a later claim takes it)
+        seen = v10_worker.claim(conn, schema, ["qa"], 2, "old-alive", 30.0)
+        # a claim of another worker holds queue qb's lane at that moment
+        other.execute(f"SELECT pg_advisory_xact_lock(hashtext(%s), {s}.lane_of('qb', 0::smallint))", (f"{s}.lanes",))
+        seen += v10_worker.claim(conn, schema, ["qb"], 2, "old-alive", 30.0)
+        other.rollback()
+        for row in sorted(seen, key=lambda r: (r[6], r[0])):  # as version 10's producer started them
+            json.loads(row[3])
+        assert all(row[0] is not None for row in seen), seen
