@@ -85,11 +85,12 @@ TABLES: dict[str, tuple[str, str]] = {
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "app": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch"),
     "worker": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch", "park_jobs",
-               "claim_jobs", "rotate_ready", "ensure_attempt_generations", "retire_attempt_generation",
-               "prune_deferred"),
+               "claim_jobs", "claim_ready_jobs", "rotate_ready", "ensure_attempt_generations",
+               "retire_attempt_generation", "prune_deferred"),
 }
 # every function the migrations create, which the admin role owns
 ALL_FUNCTIONS = ("add_to_batch", "attempt_generation_kept", "attempt_partitions", "batch_job_finished", "claim_jobs",
+                 "claim_ready_jobs",
                  "enqueue", "ensure_attempt_generations", "finish_batch", "insert_job", "jobs_channel", "jobs_flow",
                  "link_jobs", "park_jobs", "publish", "release_children", "retire_attempt_generation", "seal_batch",
                  "signal", "queue_entries", "requeue_jobs", "jobs_added", "job_became_pending", "promote_due_jobs",

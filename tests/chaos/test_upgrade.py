@@ -201,11 +201,6 @@ def test_an_upgrade_from_version_10_with_a_version_10_worker_running_finishes_ev
         assert len(order) == 30 and order == sorted(order), order
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "migration 13's claim_jobs ends with a row of NULLs when it found a lane busy or promoted deferred jobs "
-    "(a signal to today's worker to claim again); a worker of version 10, 11 or 12 still running after the "
-    "upgrade starts every row it gets as a job, json.loads(None) raises TypeError in its claim loop, and the "
-    "worker exits (status 1)"))
 def test_a_version_10_worker_gets_only_jobs_from_claim_jobs_after_the_upgrade(joblane_dsn):
     """A worker of version 10 that runs on across the upgrade calls today's claim_jobs: every row it gets
     must be a job, since it starts each one (worker/worker.py of version 10: Job(payload=json.loads(row[3]))

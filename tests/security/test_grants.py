@@ -294,7 +294,7 @@ def test_claim_jobs_needs_no_grant_of_its_own_and_gives_none(app, conn, joblane_
     """claim_jobs runs as its caller: a worker role granted before schema version 8 (no EXECUTE on it)
     keeps claiming, and the app role, which may not change jobs, cannot claim through it."""
     s = quote_ident(app.schema)
-    signature = f"{s}.claim_jobs(text[], integer, text, double precision)"
+    signature = f"{s}.claim_jobs(text[], integer, text, double precision, boolean)"
     job = app.enqueue(conn, "echo", {"n": 1})
     conn.commit()
     before = make_role("worker")

@@ -123,11 +123,11 @@ RETURNING id;
 -- name: claim_jobs
 -- Claim up to $2 ready jobs from queues $1 for worker $3, leased for $4 seconds, in one statement.
 --
--- The statement lives in the function claim_jobs (migration 0008), which keeps
--- its plan for the session on the server; sql/migrations/0008_claim_jobs.sql
--- says how it walks jobs_ready and why it is a function, 0010 why the walk
--- probes the hash of each queue's name.
-SELECT * FROM {schema}.claim_jobs($1::text[], $2::int, $3::text, $4::float8);
+-- The statement lives in the function claim_jobs (migration 0008, read from a
+-- cursor per lane since 0013), which keeps its plan for the session on the
+-- server. Its fifth argument asks for a last row of NULLs when the worker
+-- should claim again at once (store.claimed_rows; migration 0016).
+SELECT * FROM {schema}.claim_jobs($1::text[], $2::int, $3::text, $4::float8, true);
 
 -- name: complete_jobs
 -- Write many outcomes (a JSON array, store.outcome_rows) at once; a row changes only while it is still running this attempt for worker $2.
