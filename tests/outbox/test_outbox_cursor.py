@@ -310,3 +310,31 @@ def test_the_claim_refuses_a_snapshot_older_than_its_statement(joblane_dsn, app)
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="READ COMMITTED"):
             claim(conn, app)
+
+
+def test_the_upgrade_gives_every_pending_row_its_entry(joblane_dsn):
+    """Rows published under version 14 (due, not due yet, with a key, leased by a relay of version 14) are
+    all claimed after the upgrade; sent and failed ones are not."""
+    from joblane import migrations
+    from joblane.testing import isolated_schema
+
+    with isolated_schema(joblane_dsn, migrate=False) as schema, psycopg.connect(joblane_dsn, autocommit=True) as conn:
+        migrations.migrate(conn, schema, target=14)
+        app = joblane.App(joblane_dsn, schema=schema)
+        s = quote_ident(schema)
+        due = [r[0] for r in conn.execute(
+            f"INSERT INTO {s}.outbox (topic, key, payload) SELECT 't.x', CASE WHEN i % 2 = 0 THEN 'k' END, '{{}}'"
+            " FROM generate_series(1, 5) AS i RETURNING id")]
+        [later] = [r[0] for r in conn.execute(
+            f"INSERT INTO {s}.outbox (topic, payload, run_after) VALUES ('t.y', '{{}}', now() + interval '0.5 s')"
+            " RETURNING id")]
+        [leased] = [r[0] for r in conn.execute(
+            f"INSERT INTO {s}.outbox (topic, payload, attempts, relay, lease_until)"
+            " VALUES ('t.x', '{}', 1, 'old', now() + interval '0.3 s') RETURNING id")]
+        conn.execute(f"INSERT INTO {s}.outbox (topic, payload, state) VALUES ('t.x', '{{}}', 'sent'), ('t.x', '{{}}', 'failed')")
+        assert migrations.migrate(conn, schema) == [15]
+        ordered = {"prefixes": ("t.",), "ordered": (True,)}
+        assert sorted(claim_all(conn, app, calls=2, **ordered)) == due
+        time.sleep(0.6)
+        conn.execute(f"SELECT {s}.requeue_lost_outbox()")
+        assert sorted(claim_all(conn, app, **ordered)) == [later, leased]
