@@ -71,7 +71,7 @@ TABLES: dict[str, tuple[str, str]] = {
     "cursors":        ("",                                                       "SELECT, INSERT"),
     "deferred":       ("",                                                       "SELECT, INSERT"),
     "ready_turns":    ("",                                                       "SELECT"),
-    # the relay's cursor storage (migration 15): the triggers on outbox write the entries as the owner;
+    # the relay's cursor storage (migration 17): the triggers on outbox write the entries as the owner;
     # the relay's claim reads lanes and entries, appends cursor rows, promotes deferred rows and appends
     # the entries of rows it gives back or finds with an expired lease
     "outbox_lanes":    ("",                                                      "SELECT, INSERT"),

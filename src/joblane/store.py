@@ -759,7 +759,7 @@ class Store:
         return self._s("inbox_record", key)
 
     def claim_outbox(self, limit, prefixes, ordered, relay, lease_seconds, after=("", "")) -> Statement:
-        """``after``: where version 14's walk over keys stopped; the cursor claim (migration 15) ignores it."""
+        """``after``: where version 16's walk over keys stopped; the cursor claim (migration 17) ignores it."""
         return self._s("claim_outbox", limit, prefixes, ordered, relay, lease_seconds, *after)
 
     def requeue_lost_outbox(self) -> Statement:

@@ -1,4 +1,4 @@
-"""The relay's cursor claim (migration 15), against a real server: the cases that make it hard.
+"""The relay's cursor claim (migration 17), against a real server: the cases that make it hard.
 
 claim_outbox reads each routed topic's entries from a cursor (docs/architecture.md,
 "Step 7 as built: the relay's claim"). These tests hold: a held snapshot, an
@@ -104,7 +104,7 @@ def test_pages_read_per_claim_stay_flat_behind_a_held_snapshot(joblane_dsn, app)
         late = min(claim_buffers(conn, app) for _ in range(3))
         holder.rollback()
     assert done == 24_000, done
-    # version 14's claim walked every version sent since the snapshot: over 700 pages here at the end
+    # version 16's claim walked every version sent since the snapshot: over 700 pages here at the end
     assert late <= early * 1.5 + 20, (early, late)
 
 
@@ -313,13 +313,13 @@ def test_the_claim_refuses_a_snapshot_older_than_its_statement(joblane_dsn, app)
 
 
 def test_the_upgrade_gives_every_pending_row_its_entry(joblane_dsn):
-    """Rows published under version 14 (due, not due yet, with a key, leased by a relay of version 14) are
+    """Rows published under version 16 (due, not due yet, with a key, leased by a relay of version 16) are
     all claimed after the upgrade; sent and failed ones are not."""
     from joblane import migrations
     from joblane.testing import isolated_schema
 
     with isolated_schema(joblane_dsn, migrate=False) as schema, psycopg.connect(joblane_dsn, autocommit=True) as conn:
-        migrations.migrate(conn, schema, target=14)
+        migrations.migrate(conn, schema, target=16)
         app = joblane.App(joblane_dsn, schema=schema)
         s = quote_ident(schema)
         due = [r[0] for r in conn.execute(
@@ -332,7 +332,7 @@ def test_the_upgrade_gives_every_pending_row_its_entry(joblane_dsn):
             f"INSERT INTO {s}.outbox (topic, payload, attempts, relay, lease_until)"
             " VALUES ('t.x', '{}', 1, 'old', now() + interval '0.3 s') RETURNING id")]
         conn.execute(f"INSERT INTO {s}.outbox (topic, payload, state) VALUES ('t.x', '{{}}', 'sent'), ('t.x', '{{}}', 'failed')")
-        assert migrations.migrate(conn, schema) == [15]
+        assert migrations.migrate(conn, schema) == [17]
         ordered = {"prefixes": ("t.",), "ordered": (True,)}
         assert sorted(claim_all(conn, app, calls=2, **ordered)) == due
         time.sleep(0.6)

@@ -8,7 +8,7 @@ One batch is three steps and two transactions in PostgreSQL:
 1. claim: one statement leases up to ``batch_size`` rows (SKIP LOCKED, so
    relays running side by side take different rows) and commits, so no
    transaction stays open while a destination is slow; it reads each
-   topic's entries from a cursor (migration 15), never the rows sent
+   topic's entries from a cursor (migration 17), never the rows sent
    before (a relay's claims take turns; its batches deliver side by side);
 2. deliver: each route's sink gets its rows at once; rows of one key on an
    ordered route go out one after another, and a failure holds back the
@@ -555,7 +555,7 @@ class Relay:
     async def requeue_lost(self, conn: asyncpg.Connection | None = None) -> int:
         """Give the pending rows whose lease expired (a relay died with them) new entries; returns how many.
 
-        The claim that leased them consumed their entries (migration 15), so
+        The claim that leased them consumed their entries (migration 17), so
         without this no claim would find them again."""
         if conn is None:
             async with self._pool.acquire() as conn:

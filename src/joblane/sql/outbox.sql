@@ -33,11 +33,11 @@ ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
 -- name: claim_outbox
--- Lease up to $1 deliverable rows whose topic starts with a route prefix $2 (ordered when $3) to relay $4 for $5 seconds ($6, $7: ignored since version 15).
+-- Lease up to $1 deliverable rows whose topic starts with a route prefix $2 (ordered when $3) to relay $4 for $5 seconds ($6, $7: ignored since version 17).
 --
--- The statement lives in the function claim_outbox (migration 0015): it reads
+-- The statement lives in the function claim_outbox (migration 0017): it reads
 -- each routed topic's entries from its cursor, never the rows sent before
--- (sql/migrations/0015_outbox_cursor.sql says how, and how a row of an
+-- (sql/migrations/0017_outbox_cursor.sql says how, and how a row of an
 -- ordered route waits for the earlier rows of its key). The last row of the
 -- result has a NULL id; its attempts column is 1 when the relay should claim
 -- again at once (a topic was busy with another relay's claim, or deferred rows

@@ -1,4 +1,4 @@
--- joblane schema, version 15: the relay's claim reads pending messages from a
+-- joblane schema, version 17: the relay's claim reads pending messages from a
 -- cursor, never past what it already handed out (docs/architecture.md, "Step 7
 -- as built: the relay's claim").
 --
