@@ -71,8 +71,16 @@ TABLES: dict[str, tuple[str, str]] = {
     "cursors":        ("",                                                       "SELECT, INSERT"),
     "deferred":       ("",                                                       "SELECT, INSERT"),
     "ready_turns":    ("",                                                       "SELECT"),
-    # the ring's slots: reached through ready and cursors, whose grants cover them
-    **{f"{ring}_{slot}": ("", "") for ring in ("ready", "cursors") for slot in range(4)},
+    # the relay's cursor storage (migration 17): the triggers on outbox write the entries as the owner;
+    # the relay's claim reads lanes and entries, appends cursor rows, promotes deferred rows and appends
+    # the entries of rows it gives back or finds with an expired lease
+    "outbox_lanes":    ("",                                                      "SELECT, INSERT"),
+    "outbox_entries":  ("",                                                      "SELECT, INSERT"),
+    "outbox_cursors":  ("",                                                      "SELECT, INSERT"),
+    "outbox_deferred": ("",                                                      "SELECT, INSERT"),
+    # the ring's slots: reached through their parents, whose grants cover them
+    **{f"{ring}_{slot}": ("", "") for ring in ("ready", "cursors", "outbox_entries", "outbox_cursors")
+       for slot in range(4)},
 }
 
 # Functions of the schema each role may call: insert_job, behind App.enqueue,
@@ -86,7 +94,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "app": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch"),
     "worker": ("enqueue", "insert_job", "publish", "signal", "link_jobs", "add_to_batch", "seal_batch", "park_jobs",
                "claim_jobs", "claim_ready_jobs", "rotate_ready", "ensure_attempt_generations",
-               "retire_attempt_generation", "prune_deferred"),
+               "retire_attempt_generation", "prune_deferred", "claim_outbox", "requeue_lost_outbox"),
 }
 # every function the migrations create, which the admin role owns
 ALL_FUNCTIONS = ("add_to_batch", "attempt_generation_kept", "attempt_partitions", "batch_job_finished", "claim_jobs",
@@ -94,7 +102,9 @@ ALL_FUNCTIONS = ("add_to_batch", "attempt_generation_kept", "attempt_partitions"
                  "enqueue", "ensure_attempt_generations", "finish_batch", "insert_job", "jobs_channel", "jobs_flow",
                  "link_jobs", "park_jobs", "publish", "release_children", "retire_attempt_generation", "seal_batch",
                  "signal", "queue_entries", "requeue_jobs", "jobs_added", "job_became_pending", "promote_due_jobs",
-                 "rotate_ready", "lane_of", "prune_deferred")
+                 "rotate_ready", "lane_of", "prune_deferred", "outbox_lane_of", "outbox_entries_for", "outbox_requeue",
+                 "outbox_added", "outbox_became_ready", "outbox_unblocked", "promote_due_outbox", "claim_outbox",
+                 "requeue_lost_outbox")
 # Partitioned tables: their partitions are made by the pruner as job ids grow (as the owner of the
 # functions above), and each has an owner of its own, which ALTER TABLE ... OWNER on the parent leaves.
 PARTITIONED = ("attempts",)
@@ -102,7 +112,7 @@ PARTITIONED = ("attempts",)
 # Sequences a role calls nextval() on by name (identity columns need no grant).
 SEQUENCES: dict[str, tuple[str, ...]] = {
     "app": ("outbox_id_seq",),  # publish draws the id first to store the default idempotency key
-    # the claim numbers its cursor rows and reads the ring's turn (migration 13)
+    # the claims (jobs and outbox) number their cursor rows and read the ring's turn (migrations 13, 15)
     "worker": ("cursor_step", "ready_turn"),
 }
 # Sequences of their own (not an identity column's), which the admin role owns

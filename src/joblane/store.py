@@ -762,8 +762,11 @@ class Store:
         return self._s("inbox_record", key)
 
     def claim_outbox(self, limit, prefixes, ordered, relay, lease_seconds, after=("", "")) -> Statement:
-        """``after``: the (topic, key) the last claim's walk over keys stopped at; ("", "") for the first key."""
+        """``after``: where version 16's walk over keys stopped; the cursor claim (migration 17) ignores it."""
         return self._s("claim_outbox", limit, prefixes, ordered, relay, lease_seconds, *after)
+
+    def requeue_lost_outbox(self) -> Statement:
+        return self._s("requeue_lost_outbox")
 
     def finish_outbox(self, ids, outcomes, attempts, delays, errors, relay) -> Statement:
         return self._s("finish_outbox", ids, outcomes, attempts, delays, errors, relay)

@@ -7,10 +7,9 @@ loop that waits for a notification or a jittered poll between batches.
 One batch is three steps and two transactions in PostgreSQL:
 1. claim: one statement leases up to ``batch_size`` rows (SKIP LOCKED, so
    relays running side by side take different rows) and commits, so no
-   transaction stays open while a destination is slow; rows with a key are
-   found key after key, each claim going on from the key the last one
-   stopped at (a relay's claims take turns; its batches deliver side by
-   side);
+   transaction stays open while a destination is slow; it reads each
+   topic's entries from a cursor (migration 17), never the rows sent
+   before (a relay's claims take turns; its batches deliver side by side);
 2. deliver: each route's sink gets its rows at once; rows of one key on an
    ordered route go out one after another, and a failure holds back the
    rest of that key;
@@ -18,7 +17,8 @@ One batch is three steps and two transactions in PostgreSQL:
    backoff), failed or released, guarded by the lease this relay holds,
    in a transaction planned without nested loops (hash_joins_only).
 A relay that dies between 1 and 3 leaves its rows leased; when the lease
-ends any relay takes them again and re-sends them with the same
+ends any relay takes them again (every half lease each relay gives such rows
+new entries: ``requeue_lost_outbox``) and re-sends them with the same
 idempotency key.
 
 Logs (logger ``joblane.outbox``): a line per retried row (INFO) and per
@@ -172,10 +172,8 @@ class Relay:
         self.vacuumer = Vacuumer(self.store, tables=("outbox",), interval=vacuum_interval) if vacuum_interval else None
         self._prefixes = [r.prefix for r in routes]
         self._ordered = [r.ordered for r in routes]
-        # where the last claim's walk over keys stopped: the next claim goes on from the key after it; claims
-        # take turns, so batches side by side walk on from each other instead of all from the same key
-        self._after: tuple[str, str] = ("", "")
         self._claiming = asyncio.Lock()
+        self._swept_at = float("-inf")  # when requeue_lost last ran (the event loop's clock)
         self._unrouted_said: set[str] = set()  # topics whose rows wait with no route, already logged
         self._sinks = list({id(r.sink): r.sink for r in routes}.values())
         self._pool: asyncpg.Pool | None = None
@@ -267,10 +265,17 @@ class Relay:
         result = RelayResult()
         async with self._claiming:
             async with self._pool.acquire() as conn:
-                rows = await store.records(conn, self.store.claim_outbox(
-                    limit or self.batch_size, self._prefixes, self._ordered, self.name, self.lease_seconds, self._after))
-            *rows, stop = rows  # the last row names the key the walk stopped at (its id is NULL)
-            self._after = (stop[1], stop[2])
+                for _ in range(4):
+                    rows = await store.records(conn, self.store.claim_outbox(
+                        limit or self.batch_size, self._prefixes, self._ordered, self.name, self.lease_seconds))
+                    # the last row (id NULL) says whether to claim again at once: a topic was busy with another
+                    # relay's claim, or rows that came due were promoted, which only a later claim takes
+                    *rows, stop = rows
+                    if rows:
+                        break
+                    # nothing to do: rows a dead relay left leased get new entries (at most every half lease)
+                    if not stop[6] and not await self._requeue_lost_due(conn):
+                        break
         if not rows:
             return result
         result.claimed = len(rows)
@@ -547,6 +552,39 @@ class Relay:
     async def _sleep(self, seconds: float) -> None:
         await sleep_unless(self._stopping, seconds)
 
+    async def requeue_lost(self, conn: asyncpg.Connection | None = None) -> int:
+        """Give the pending rows whose lease expired (a relay died with them) new entries; returns how many.
+
+        The claim that leased them consumed their entries (migration 17), so
+        without this no claim would find them again."""
+        if conn is None:
+            async with self._pool.acquire() as conn:
+                return await self.requeue_lost(conn)
+        self._swept_at = asyncio.get_running_loop().time()
+        n = await store.value(conn, self.store.requeue_lost_outbox()) or 0
+        if n:
+            log.info("relay: %s whose lease expired %s claimed again", plural(n, "message"),
+                     "is" if n == 1 else "are", extra={"joblane": {"lost_leases": n}})
+        return n
+
+    async def _requeue_lost_due(self, conn: asyncpg.Connection) -> int:
+        """requeue_lost, when the last one ran half a lease ago or more (it walks every leased row)."""
+        if asyncio.get_running_loop().time() - self._swept_at < self.lease_seconds / 2:
+            return 0
+        return await self.requeue_lost(conn)
+
+    async def _requeue_lost(self) -> None:
+        """requeue_lost every half lease, busy or not: a dead relay's rows come back within 1.5 leases."""
+        while not self._stopping.is_set():
+            try:
+                async with self._pool.acquire() as conn:
+                    await self._requeue_lost_due(conn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.debug("relay: lost leases: %s", describe(exc))
+            await sleep_unless(self._stopping, self.lease_seconds / 2)
+
     async def _registered(self) -> None:
         """Register in ``processes`` and renew it every third of the lease (a relay's loop runs no user code)."""
         while not self._stopping.is_set():
@@ -600,6 +638,7 @@ class Relay:
                      ", ".join(f"{r.prefix or '*'} -> {r.sink!r}{' (ordered)' if r.ordered else ''}"
                                for r in self.routes))
             background = [asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="outbox-pruner"),
+                          asyncio.create_task(self._requeue_lost(), name="outbox-lost-leases"),
                           asyncio.create_task(self._summaries(), name="outbox-summary"),
                           asyncio.create_task(self._registered(), name="outbox-registration"),
                           asyncio.create_task(self._watch_unrouted(), name="outbox-unrouted")]

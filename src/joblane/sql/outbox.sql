@@ -33,158 +33,23 @@ ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
 -- name: claim_outbox
--- Lease up to $1 deliverable rows whose topic starts with a route prefix $2 (ordered when $3) to relay $4 for $5 seconds, keys from after ($6, $7).
+-- Lease up to $1 deliverable rows whose topic starts with a route prefix $2 (ordered when $3) to relay $4 for $5 seconds ($6, $7: ignored since version 17).
 --
--- A row of an ordered route with a key waits while an earlier row of the
--- same (topic, key) is unsent. Rows without a key and rows with one are
--- found apart, each at a cost that follows the batch, not the backlog:
--- * "unkeyed": rows without a key, oldest first (run_after, id), through
---   outbox_ready_unkeyed;
--- * "walk": keys with unsent rows, one after another in (topic, key) order
---   from after ($6, $7), one probe of outbox_key_unsent per key, until the
---   keys seen can fill the batch or $1 keys were seen. An ordered key gives
---   the run of ready rows that starts at its first unsent row (none when
---   that one is not ready: failed, backing off, leased); a key of another
---   route gives its ready rows; either gives at most a hundredth of the
---   batch (at least a row), and when the walk meets the last key with room
---   left, the keys that had more share it ("share"). The last row of the
---   result (id NULL) names the last key seen: the relay passes it to its
---   next claim, and a walk that finds no key after it starts again from the
---   first, so every key gets its turn however many wait before it.
---   ($6, $7) = ('', '') starts from the first key: publish refuses an empty
---   topic or key.
--- * "keyed" locks the rows the keys give (SKIP LOCKED, so relays side by
---   side take different rows); an ordered key keeps its locked rows up to
---   the first that is not its next unsent row as this statement's snapshot
---   has them (that one is locked by another relay now, or was leased since).
--- "picked" takes $1 of both in the turn of each key's first row, a key's
--- rows one after another, so a cut keeps the start of a key's run (rows
--- locked but not picked are released when this statement commits). The
--- longest matching prefix decides whether a topic is ordered, as it decides
--- the sink.
-WITH RECURSIVE route AS (
-    SELECT r.prefix, r.ordered
-      FROM unnest($2::text[], $3::bool[]) AS r(prefix, ordered)
-), unkeyed AS (
-    SELECT o.id, o.run_after
-      FROM {schema}.outbox AS o
-     CROSS JOIN LATERAL (SELECT 1 FROM route WHERE starts_with(o.topic, route.prefix) LIMIT 1) AS m
-     WHERE o.state = 'pending' AND o.key IS NULL
-       AND o.run_after <= now()
-       AND (o.lease_until IS NULL OR o.lease_until < now())
-     ORDER BY o.run_after, o.id
-     LIMIT $1
-       FOR UPDATE OF o SKIP LOCKED
-), walk AS (
-    -- row 0 is where the last claim stopped; each next row is the next key with unsent rows.
-    -- "most" is what one key gives at most: a hundredth of the batch, at least a row
-    SELECT 0 AS n, $6::text AS topic, $7::text AS key, NULL::bool AS ordered, 0::bigint AS gives, 0::bigint AS taken,
-           greatest($1 / 100, 1)::bigint AS most
-    UNION ALL
-    SELECT w.n + 1, k.topic, k.key, g.ordered, coalesce(g.gives, 0), w.taken + coalesce(g.gives, 0), w.most
-      FROM walk AS w
-     CROSS JOIN LATERAL (
-            SELECT *
-              FROM ((SELECT o.topic, o.key
-                       FROM {schema}.outbox AS o
-                      WHERE o.state <> 'sent' AND o.key IS NOT NULL AND (o.topic, o.key) > (w.topic, w.key)
-                      ORDER BY o.topic, o.key
-                      LIMIT 1)
-                    UNION ALL
-                    (SELECT o.topic, o.key  -- no key after the last claim's: from the first
-                       FROM {schema}.outbox AS o
-                      WHERE o.state <> 'sent' AND o.key IS NOT NULL AND w.n = 0
-                      ORDER BY o.topic, o.key
-                      LIMIT 1)) AS next
-             LIMIT 1
-         ) AS k
-      LEFT JOIN LATERAL (
-            SELECT m.ordered,
-                   CASE WHEN m.ordered THEN (
-                        -- the run of ready rows from the key's first unsent row
-                        SELECT coalesce(min(u.pos) FILTER (WHERE NOT u.ready) - 1, count(*))
-                          FROM (SELECT row_number() OVER (ORDER BY o.id) AS pos,
-                                       (o.state = 'pending' AND o.run_after <= now()
-                                        AND (o.lease_until IS NULL OR o.lease_until < now())) AS ready
-                                  FROM {schema}.outbox AS o
-                                 WHERE o.topic = k.topic AND o.key = k.key AND o.state <> 'sent'
-                                 ORDER BY o.id
-                                 LIMIT least(w.most, $1 - w.taken)) AS u)
-                   ELSE (
-                        SELECT count(*)
-                          FROM (SELECT 1
-                                  FROM {schema}.outbox AS o
-                                 WHERE o.topic = k.topic AND o.key = k.key AND o.state = 'pending'
-                                   AND o.run_after <= now() AND (o.lease_until IS NULL OR o.lease_until < now())
-                                 LIMIT least(w.most, $1 - w.taken)) AS u)
-                   END AS gives
-              FROM (SELECT route.ordered FROM route WHERE starts_with(k.topic, route.prefix)
-                     ORDER BY length(route.prefix) DESC LIMIT 1) AS m
-         ) AS g ON true
-     WHERE w.n < $1 AND w.taken < $1
-), ends AS (
-    -- a walk that met the last key with room left gives the room to the keys that had more rows
-    SELECT CASE WHEN max(n) < $1 THEN $1 - max(taken) ELSE 0 END AS room,
-           count(*) FILTER (WHERE n > 0 AND gives = most) AS more
-      FROM walk
-), share AS (
-    SELECT w.topic, w.key, w.ordered,
-           w.gives + CASE WHEN w.gives = w.most AND e.room > 0
-                          THEN ceil(e.room::numeric / e.more)::bigint ELSE 0 END AS gives
-      FROM walk AS w, ends AS e
-     WHERE w.n > 0 AND w.gives > 0
-), keyed AS (
-    -- a key's rows go in its first row's turn, one after another, so the cut below keeps a run's start
-    SELECT l.ids[i] AS id, l.afters[1] AS run_after, l.ids[1] AS first, i AS pos
-      FROM share AS w
-     CROSS JOIN LATERAL (
-            SELECT array_agg(o.id ORDER BY o.id) AS ids, array_agg(o.run_after ORDER BY o.id) AS afters
-              FROM (SELECT o.id, o.run_after
-                      FROM {schema}.outbox AS o
-                     WHERE o.topic = w.topic AND o.key = w.key AND o.state = 'pending'
-                       AND o.run_after <= now() AND (o.lease_until IS NULL OR o.lease_until < now())
-                     ORDER BY o.id
-                     LIMIT w.gives
-                       FOR UPDATE OF o SKIP LOCKED) AS o
-         ) AS l
-     CROSS JOIN LATERAL (
-            -- an ordered key's next unsent rows as this statement's snapshot has them
-            SELECT array_agg(u.id ORDER BY u.id) AS ids
-              FROM (SELECT o.id
-                      FROM {schema}.outbox AS o
-                     WHERE w.ordered AND o.topic = w.topic AND o.key = w.key AND o.state <> 'sent'
-                     ORDER BY o.id
-                     LIMIT w.gives) AS u
-         ) AS r
-     CROSS JOIN LATERAL (
-            -- of an ordered key, the locked rows up to the first that is not its next unsent row (that one
-            -- is locked by another relay now, or was leased since this statement's snapshot)
-            SELECT coalesce(min(j) - 1, cardinality(l.ids)) AS keep
-              FROM generate_subscripts(l.ids, 1) AS j
-             WHERE w.ordered AND l.ids[j] IS DISTINCT FROM r.ids[j]
-         ) AS c
-     CROSS JOIN generate_series(1, c.keep) AS i
-), picked AS (
-    SELECT id, run_after, id AS first, 1 AS pos FROM unkeyed
-    UNION ALL
-    SELECT id, run_after, first, pos FROM keyed
-     ORDER BY run_after, first, pos
-     LIMIT $1
-), claimed AS (
-    UPDATE {schema}.outbox AS o
-       SET attempts = o.attempts + 1,
-           lease_until = now() + make_interval(secs => $5::float8),
-           relay = $4
-     -- through the primary key: joining "picked" instead let the planner hash the
-     -- whole table, sent rows included (a sequential scan per claim)
-     WHERE o.id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING o.id, o.topic, o.key, coalesce(o.idempotency_key, 'outbox:' || o.id) AS idempotency_key,
-              o.payload::text AS payload, o.headers::text AS headers, o.attempts, o.max_attempts, o.created_at
-)
-SELECT * FROM claimed
-UNION ALL
-SELECT NULL, w.topic, w.key, NULL, NULL, NULL, NULL, NULL, NULL
-  FROM (SELECT topic, key FROM walk ORDER BY n DESC LIMIT 1) AS w;
+-- The statement lives in the function claim_outbox (migration 0017): it reads
+-- each routed topic's entries from its cursor, never the rows sent before
+-- (sql/migrations/0017_outbox_cursor.sql says how, and how a row of an
+-- ordered route waits for the earlier rows of its key). The last row of the
+-- result has a NULL id; its attempts column is 1 when the relay should claim
+-- again at once (a topic was busy with another relay's claim, or deferred rows
+-- were promoted that only a later claim can take).
+SELECT * FROM {schema}.claim_outbox($1::int, $2::text[], $3::bool[], $4::text, $5::float8, $6::text, $7::text);
+
+-- name: requeue_lost_outbox
+-- Give pending rows whose lease expired (their relay died) new entries, so a claim takes them again; returns how many.
+--
+-- The claim that leased them consumed their entries. Walks outbox_leased (pending
+-- leased rows by lease end), so relays run it every half lease, not per claim.
+SELECT {schema}.requeue_lost_outbox();
 
 -- name: finish_outbox
 -- Record a batch's outcomes ($2: sent, retry after $4 seconds, failed, released) for relay $6 in one statement.
