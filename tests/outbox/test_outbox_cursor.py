@@ -338,3 +338,25 @@ def test_the_upgrade_gives_every_pending_row_its_entry(joblane_dsn):
         time.sleep(0.6)
         conn.execute(f"SELECT {s}.requeue_lost_outbox()")
         assert sorted(claim_all(conn, app, **ordered)) == [later, leased]
+
+
+def test_promoted_rows_leave_outbox_deferred_and_the_rest_stay(joblane_dsn, app):
+    """prune_deferred takes away the outbox_deferred rows the relay's promotion took, not a row due later
+    nor one whose transaction was still open when the promotion last looked."""
+    s = quote_ident(app.schema)
+    prune = f"SELECT {s}.prune_deferred(%s)"
+    later_sql = (f"INSERT INTO {s}.outbox (topic, payload, run_after)"
+                 " SELECT 't.x', '{}', now() + make_interval(secs => %s) FROM generate_series(1, %s) RETURNING id")
+    waiting = f"SELECT outbox_id FROM {s}.outbox_deferred ORDER BY outbox_id"
+    with psycopg.connect(joblane_dsn, autocommit=True) as conn, psycopg.connect(joblane_dsn) as producer:
+        soon = [r[0] for r in conn.execute(later_sql, (0.3, 3))]
+        [later] = [r[0] for r in conn.execute(later_sql, (3600, 1))]
+        [tardy] = [r[0] for r in producer.execute(later_sql, (0.3, 1))]
+        time.sleep(0.5)
+        assert sorted(claim_all(conn, app)) == soon  # the promotion's snapshot had tardy's transaction open
+        producer.commit()
+        assert conn.execute(prune, (1000,)).fetchone()[0] == 3
+        assert [r[0] for r in conn.execute(waiting)] == [later, tardy]
+        assert claim_all(conn, app) == [tardy]
+        assert conn.execute(prune, (1000,)).fetchone()[0] == 1
+        assert [r[0] for r in conn.execute(waiting)] == [later]

@@ -408,3 +408,25 @@ async def test_relays_side_by_side_keep_each_keys_order(app, conn, joblane_dsn, 
         seqs.setdefault(req.json["key"], []).append(req.json["seq"])
     for key, got in seqs.items():  # a refused try goes again before anything after it
         assert got == sorted(got) and sorted(set(got)) == list(range(40)), (key, got)
+
+
+async def test_a_relay_without_workers_turns_the_ring_and_empties_its_slots(app, conn, joblane_dsn, receiver):
+    """An outbox served by relays alone: the relay's rotator turns the ring of entries and empties the slots
+    its claims have passed, and every row still arrives once."""
+    app.route("", HttpSink(receiver.url))
+    r = relay(app, batch_size=50, poll_interval=0.05, ring_turn_seconds=0.5)
+    run = asyncio.create_task(r.run(install_signals=False))
+    ids: list[int] = []
+    for i in range(12):
+        ids += publish(app, joblane_dsn, *[("t.ring", {"i": i, "j": j}, {}) for j in range(20)])
+        await asyncio.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while outbox_rows(conn, app, "state <> 'sent'") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    r.request_stop()
+    await run
+    assert sorted(receiver.keys()) == sorted(f"outbox:{i}" for i in ids), "every row exactly once"
+    cleared = conn.execute(f'SELECT count(*) FROM "{app.schema}".ready_turns WHERE cleared_at IS NOT NULL').fetchone()[0]
+    assert cleared >= 2, f"the relay's rotator emptied {cleared} slots"
+    with pytest.raises(joblane.JoblaneError, match="ring_turn_seconds"):
+        relay(app, ring_turn_seconds=0)

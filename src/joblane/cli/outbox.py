@@ -36,6 +36,8 @@ from .common import (Duration, Fail, Once, Table, app_from_context, console, emi
 @click.option("--vacuum-interval", default="10s", show_default=True, type=Duration(),
               help="Vacuum outbox once its dead row versions pile up, at least this often (sooner while "
                    "its vacuums are quick); 0 leaves it to autovacuum.")
+@click.option("--ring-turn", "ring_turn_seconds", default="10s", show_default=True, type=Duration(),
+              help="Turn the ring of ready entries the claims read this often (as the worker's --ring-turn).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs joblane[telemetry]).")
@@ -46,7 +48,8 @@ from .common import (Duration, Fail, Once, Table, app_from_context, console, emi
 def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, poll_interval: float,
           lease_seconds: float, grace_seconds: float, no_listen: bool, retention_seconds: float,
           log_format: str, verbose: bool, connect_timeout: float, pgbouncer: bool | None = None,
-          metrics_port: int | None = None, metrics_host: str = "127.0.0.1", vacuum_interval: float = 10.0) -> None:
+          metrics_port: int | None = None, metrics_host: str = "127.0.0.1", vacuum_interval: float = 10.0,
+          ring_turn_seconds: float = 10.0) -> None:
     """Deliver APP's outbox through the sinks it routes (app.route(prefix, sink)).
 
     Logs each retried row (INFO) and failed row (WARNING) with the reason, and a summary every minute.
@@ -61,7 +64,8 @@ def relay(ctx: click.Context, app_spec: str, batch_size: int, concurrency: int, 
     r = run_or_fail(lambda: Relay(app, batch_size=batch_size, concurrency=concurrency, poll_interval=poll_interval,
                                   lease_seconds=lease_seconds, grace_seconds=grace_seconds, listen=not no_listen,
                                   retention_seconds=retention_seconds, connect_timeout=connect_timeout,
-                                  pgbouncer=pgbouncer, vacuum_interval=vacuum_interval))
+                                  pgbouncer=pgbouncer, vacuum_interval=vacuum_interval,
+                                  ring_turn_seconds=ring_turn_seconds))
     if metrics_port is not None:
         from ..telemetry import serve_relay_metrics
 

@@ -46,7 +46,7 @@ import asyncpg
 from .. import store, telemetry
 from ..errors import JoblaneError
 from ..lifecycle import POOLER_FOUND, GracefulSignals, retry_delay, sleep_unless, version
-from ..maintenance import OutboxPruner, Vacuumer
+from ..maintenance import OutboxPruner, Rotator, Vacuumer
 from ..migrations import check_async
 from ..notifier import Notifier
 from ..rules import bounded_delay, bounded_text, plural, tally
@@ -117,6 +117,7 @@ class Relay:
         retention_seconds: float = 7 * 86400.0,
         prune_interval: float = 10.0,
         vacuum_interval: float = 10.0,
+        ring_turn_seconds: float = 10.0,
         name: str | None = None,
         connect_timeout: float = 60.0,
         pgbouncer: bool | None = None,
@@ -170,6 +171,11 @@ class Relay:
         self.pruner = OutboxPruner(self.store, retention=retention_seconds, interval=prune_interval)
         # vacuums the outbox when its dead row versions pile up between autovacuum's passes (0: autovacuum only)
         self.vacuumer = Vacuumer(self.store, tables=("outbox",), interval=vacuum_interval) if vacuum_interval else None
+        if not ring_turn_seconds > 0:
+            raise JoblaneError("ring_turn_seconds must be a positive number of seconds")
+        # the ring of entries the claims read (shared with the workers' claim, migrations 0013 and 0017): a
+        # relay turns it too, so an outbox served by relays alone gives its space back; one process at a time
+        self.rotator = Rotator(self.store, turn_every=ring_turn_seconds, interval=min(2.0, ring_turn_seconds / 2))
         self._prefixes = [r.prefix for r in routes]
         self._ordered = [r.ordered for r in routes]
         self._claiming = asyncio.Lock()
@@ -229,7 +235,7 @@ class Relay:
                     log.info(POOLER_FOUND, self.poll_interval)
             options: dict = {"statement_cache_size": 0} if self.pgbouncer else {"init": self._plan_for_arguments}
             pool = await asyncpg.create_pool(self.app.dsn, min_size=1,
-                                             max_size=self.concurrency + 2 + (self.vacuumer is not None),
+                                             max_size=self.concurrency + 3 + (self.vacuumer is not None),
                                              reset=store.keep_session, **options, timeout=CONNECT_TRY_SECONDS,
                                              server_settings={"application_name": self.application_name})
         except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
@@ -638,6 +644,7 @@ class Relay:
                      ", ".join(f"{r.prefix or '*'} -> {r.sink!r}{' (ordered)' if r.ordered else ''}"
                                for r in self.routes))
             background = [asyncio.create_task(self.pruner.run(self._pool, self._stopping), name="outbox-pruner"),
+                          asyncio.create_task(self.rotator.run(self._pool, self._stopping), name="outbox-rotator"),
                           asyncio.create_task(self._requeue_lost(), name="outbox-lost-leases"),
                           asyncio.create_task(self._summaries(), name="outbox-summary"),
                           asyncio.create_task(self._registered(), name="outbox-registration"),

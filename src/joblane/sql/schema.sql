@@ -1666,19 +1666,30 @@ CREATE OR REPLACE FUNCTION {schema}.prune_deferred(p_limit integer)
 AS $function$
 DECLARE
     c record;
-    v_n integer;
+    v_n integer := 0;
+    v_more integer;
 BEGIN
     SELECT cu.lo, cu.at INTO c
       FROM {schema}.cursors AS cu WHERE cu.lane_id = 0 ORDER BY cu.step DESC LIMIT 1;
-    IF NOT FOUND THEN
-        RETURN 0;
+    IF FOUND THEN
+        DELETE FROM {schema}.deferred AS d
+         WHERE d.ctid = ANY(ARRAY(SELECT x.ctid FROM {schema}.deferred AS x
+                                   WHERE x.due_at <= c.at AND x.xid < pg_snapshot_xmin(c.lo)
+                                   ORDER BY x.due_at
+                                   LIMIT p_limit));
+        GET DIAGNOSTICS v_n = ROW_COUNT;
     END IF;
-    DELETE FROM {schema}.deferred AS d
-     WHERE d.ctid = ANY(ARRAY(SELECT x.ctid FROM {schema}.deferred AS x
-                               WHERE x.due_at <= c.at AND x.xid < pg_snapshot_xmin(c.lo)
-                               ORDER BY x.due_at
-                               LIMIT p_limit));
-    GET DIAGNOSTICS v_n = ROW_COUNT;
+    SELECT cu.lo, cu.at INTO c
+      FROM {schema}.outbox_cursors AS cu WHERE cu.lane_id = 0 ORDER BY cu.step DESC LIMIT 1;
+    IF FOUND THEN
+        DELETE FROM {schema}.outbox_deferred AS d
+         WHERE d.ctid = ANY(ARRAY(SELECT x.ctid FROM {schema}.outbox_deferred AS x
+                                   WHERE x.due_at <= c.at AND x.xid < pg_snapshot_xmin(c.lo)
+                                   ORDER BY x.due_at
+                                   LIMIT p_limit));
+        GET DIAGNOSTICS v_more = ROW_COUNT;
+        v_n := v_n + v_more;
+    END IF;
     RETURN v_n;
 END
 $function$;

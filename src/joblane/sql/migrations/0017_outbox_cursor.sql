@@ -653,3 +653,43 @@ SELECT {schema}.outbox_entries_for(coalesce(array_agg(o.id ORDER BY o.id), '{}')
                                    coalesce(array_agg(o.run_after ORDER BY o.id), '{}'))
   FROM {schema}.outbox AS o
  WHERE o.state = 'pending';
+
+-- prune_deferred (migration 15) takes the promoted rows of outbox_deferred
+-- away too, by the same rule under the outbox promotion's cursor (lane 0 of
+-- outbox_cursors): due by its latest round, transaction ended before that
+-- round's snapshot. Returns the rows deleted from both tables.
+CREATE OR REPLACE FUNCTION {schema}.prune_deferred(p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record;
+    v_n integer := 0;
+    v_more integer;
+BEGIN
+    SELECT cu.lo, cu.at INTO c
+      FROM {schema}.cursors AS cu WHERE cu.lane_id = 0 ORDER BY cu.step DESC LIMIT 1;
+    IF FOUND THEN
+        DELETE FROM {schema}.deferred AS d
+         WHERE d.ctid = ANY(ARRAY(SELECT x.ctid FROM {schema}.deferred AS x
+                                   WHERE x.due_at <= c.at AND x.xid < pg_snapshot_xmin(c.lo)
+                                   ORDER BY x.due_at
+                                   LIMIT p_limit));
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+    END IF;
+    SELECT cu.lo, cu.at INTO c
+      FROM {schema}.outbox_cursors AS cu WHERE cu.lane_id = 0 ORDER BY cu.step DESC LIMIT 1;
+    IF FOUND THEN
+        DELETE FROM {schema}.outbox_deferred AS d
+         WHERE d.ctid = ANY(ARRAY(SELECT x.ctid FROM {schema}.outbox_deferred AS x
+                                   WHERE x.due_at <= c.at AND x.xid < pg_snapshot_xmin(c.lo)
+                                   ORDER BY x.due_at
+                                   LIMIT p_limit));
+        GET DIAGNOSTICS v_more = ROW_COUNT;
+        v_n := v_n + v_more;
+    END IF;
+    RETURN v_n;
+END
+$$;
