@@ -430,3 +430,34 @@ async def test_a_relay_without_workers_turns_the_ring_and_empties_its_slots(app,
     assert cleared >= 2, f"the relay's rotator emptied {cleared} slots"
     with pytest.raises(joblane.JoblaneError, match="ring_turn_seconds"):
         relay(app, ring_turn_seconds=0)
+
+
+async def test_one_publish_wakes_one_claim_and_a_burst_goes_out_in_few(app, conn, joblane_dsn, receiver):
+    """Both loops of a relay wake on a publish's notification; the first claims after a short gather and the
+    other, seeing a claim begun since, claims nothing. A burst of publishes goes out in a few claims."""
+    app.route("", HttpSink(receiver.url))
+    r = Relay(app, listen=True, poll_interval=60.0, jitter=0.0, concurrency=2, gather_seconds=0.05)
+    run = asyncio.create_task(r.run(install_signals=False))
+    await asyncio.wait_for(r.started.wait(), 30)
+    await asyncio.sleep(0.5)
+    base = r.stats["claims"]
+    ids = []
+    for i in range(10):  # one at a time, each delivered before the next
+        ids += publish(app, joblane_dsn, ("t.one", {"i": i}, {}))
+        await asyncio.sleep(0.3)
+    one_by_one = r.stats["claims"] - base
+    base = r.stats["claims"]
+    burst = publish(app, joblane_dsn, *[("t.burst", {"i": i}, {}) for i in range(40)])
+    for i in range(40):
+        burst += publish(app, joblane_dsn, ("t.burst", {"j": i}, {}))
+    deadline = time.monotonic() + 20
+    while outbox_rows(conn, app, "state <> 'sent'") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    bursts = r.stats["claims"] - base
+    r.request_stop()
+    await run
+    assert sorted(receiver.keys()) == sorted(f"outbox:{i}" for i in ids + burst), "every row exactly once"
+    assert one_by_one <= 14, f"{one_by_one} claims for 10 publishes one at a time (two loops woken by each)"
+    assert bursts <= 12, f"{bursts} claims for a burst of 41 commits"
+    with pytest.raises(joblane.JoblaneError, match="gather_seconds"):
+        Relay(app, gather_seconds=2)

@@ -122,6 +122,7 @@ class Relay:
         connect_timeout: float = 60.0,
         pgbouncer: bool | None = None,
         summary_interval: float = 60.0,
+        gather_seconds: float = 0.02,
     ):
         routes = list(app.routes if routes is None else routes)
         if not routes:
@@ -185,6 +186,15 @@ class Relay:
         self._pool: asyncpg.Pool | None = None
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
+        if not 0 <= gather_seconds <= 1:
+            raise JoblaneError("gather_seconds must be from 0 to 1")
+        # after a notification, how long a loop lets more publishes commit before it claims
+        self.gather_seconds = float(gather_seconds)
+        # when the last notification arrived and when the last claim statement began (the event loop's
+        # clock): a loop woken by a notification that a claim begun since has already seen does not claim
+        self._woken_at = float("-inf")
+        self._claim_began = float("-inf")
+        self._last_full = False  # the last claim took a whole batch: more may wait
         self.started = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------
@@ -264,14 +274,22 @@ class Relay:
 
     # -- one batch --------------------------------------------------------
 
-    async def run_once(self, limit: int | None = None) -> RelayResult:
-        """Claim, deliver and record one batch (at most ``limit`` rows, default ``batch_size``)."""
+    async def run_once(self, limit: int | None = None, *, redundant: bool = False) -> RelayResult:
+        """Claim, deliver and record one batch (at most ``limit`` rows, default ``batch_size``).
+
+        ``redundant``: the caller was woken by a notification; when a claim of another loop began after
+        it arrived (and did not come back full), that claim saw the rows announced, and this one claims
+        nothing. Two loops woken by one publish then make one claim, not two."""
         if self._pool is None:
             await self.start()
         result = RelayResult()
         async with self._claiming:
+            if redundant and self._claim_began > self._woken_at and not self._last_full:
+                return result  # a claim that began after the notification took what it announced
             async with self._pool.acquire() as conn:
                 for _ in range(4):
+                    self._claim_began = asyncio.get_running_loop().time()
+                    self.stats["claims"] += 1
                     rows = await store.records(conn, self.store.claim_outbox(
                         limit or self.batch_size, self._prefixes, self._ordered, self.name, self.lease_seconds))
                     # the last row (id NULL) says whether to claim again at once: a topic was busy with another
@@ -282,6 +300,7 @@ class Relay:
                     # nothing to do: rows a dead relay left leased get new entries (at most every half lease)
                     if not stop[6] and not await self._requeue_lost_due(conn):
                         break
+            self._last_full = len(rows) >= (limit or self.batch_size)
         if not rows:
             return result
         result.claimed = len(rows)
@@ -532,12 +551,17 @@ class Relay:
     async def _loop(self, index: int) -> None:
         failures = 0
         while not self._stopping.is_set():
+            woken = self._wake.is_set()
+            if woken and not self._last_full and self.gather_seconds > 0:
+                # woken by a publish: let the next few commit first, so that a claim takes several rows
+                # rather than one claim per row (each claim costs a statement and a commit)
+                await self._sleep(self.gather_seconds)
             self._wake.clear()  # a notification that lands during the batch is kept
             try:
                 # A stop request lets this batch finish: only the grace
                 # period's end cancels it (its rows then return when their
                 # leases end).
-                result = await self.run_once()
+                result = await self.run_once(redundant=woken)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -554,6 +578,10 @@ class Relay:
 
     async def _wait(self, seconds: float) -> None:
         await sleep_unless(self._wake, seconds)
+
+    def _notified(self, *_: object) -> None:
+        self._woken_at = asyncio.get_running_loop().time()
+        self._wake.set()
 
     async def _sleep(self, seconds: float) -> None:
         await sleep_unless(self._stopping, seconds)
@@ -653,7 +681,7 @@ class Relay:
                 background.append(asyncio.create_task(self.vacuumer.run(self._pool, self._stopping),
                                                       name="outbox-vacuumer"))
             if self.listen:
-                notifier = Notifier(self.app.dsn, channel(self.app), {""}, self._wake.set,
+                notifier = Notifier(self.app.dsn, channel(self.app), {""}, self._notified,
                                     application_name=self.application_name)
                 background.append(asyncio.create_task(notifier.run(self._stopping), name="outbox-listener"))
             loops = [asyncio.create_task(self._loop(i), name=f"relay-{i}") for i in range(self.concurrency)]
