@@ -119,7 +119,7 @@ def test_pages_read_per_claim_stay_flat_behind_a_held_snapshot(joblane_dsn, app)
             rows, _ = claim_rows(conn, app, 1000)
             assert finish(conn, app, rows) == [i for i, _ in rows]
             done += len(rows)
-        conn.execute(f"ANALYZE {quote_ident(app.schema)}.outbox")  # as autovacuum would: few rows pending
+        conn.execute(f"VACUUM (ANALYZE) {quote_ident(app.schema)}.outbox")  # as autovacuum would: few rows pending
         late = min(claim_buffers(conn, app) for _ in range(3))
         late_finish = min(finish_buffers(conn, app) for _ in range(3))
         holder.rollback()
@@ -382,3 +382,24 @@ def test_promoted_rows_leave_outbox_deferred_and_the_rest_stay(joblane_dsn, app)
         assert claim_all(conn, app) == [tardy]
         assert conn.execute(prune, (1000,)).fetchone()[0] == 1
         assert [r[0] for r in conn.execute(waiting)] == [later]
+
+
+def test_the_finish_and_the_heartbeat_of_a_batch_cannot_walk_the_index_of_pending_rows(joblane_dsn, app):
+    """Behind a held snapshot, outbox_ready holds an entry for every version of every row sent since: the
+    relay's finish and lease heartbeat must reach their rows by primary key. With the primary key out of the
+    planner's reach (marked invalid in a rolled-back transaction), neither may fall back on outbox_ready."""
+    with psycopg.connect(joblane_dsn, autocommit=True) as conn:
+        publish(conn, app, 20)
+        rows, _ = claim_rows(conn, app, 4)
+        ids, attempts = [i for i, _ in rows], [a for _, a in rows]
+        plans = []
+        for stmt in (app.store.finish_outbox(ids, ["sent"] * 4, attempts, [0.0] * 4, [None] * 4, "r"),
+                     app.store.extend_outbox_leases(ids, "r", 30.0)):
+            with conn.transaction(force_rollback=True):
+                conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = %s::regclass",
+                             (f"{quote_ident(app.schema)}.outbox_pkey",))
+                conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+                run_sql(conn, app.store.hash_joins_only().sql)
+                plans.append("\n".join(r[0] for r in run_sql(conn, "EXPLAIN " + stmt.sql, stmt.args)))
+        assert not [p for p in plans if "outbox_ready" in p], plans
+        assert finish(conn, app, rows) == ids
