@@ -127,7 +127,7 @@ def held_section(runs: list[dict]) -> list[str]:
         "Each system in turn in a fresh database of a cluster with PostgreSQL's defaults (autovacuum on) plus "
         "pg_stat_statements. A cell is the last minute of the phase (the whole phase when shorter). Pick-up: "
         "from just before the job's INSERT to its handler's start; claim: the claim statement's mean time; "
-        "entries/claim: index entries read per claim (`jobs_ready` up to schema version 12; from version 13, a run whose file is named held-v13*, the entries and cursor rows of the claim's lanes); WAL: the cluster's WAL per job enqueued; tables: "
+        "entries/claim: index entries read per claim (`jobs_ready` up to schema version 12; from version 13, in runs whose file is named held-v13* or later (held-v17*), the entries and cursor rows of the claim's lanes); WAL: the cluster's WAL per job enqueued; tables: "
         "heap + indexes of the system's tables. Offered is what the producer committed: on a busy 2-core "
         "machine it can fall short of R.",
         "",
