@@ -19,6 +19,13 @@ def run_sql(conn, sql: str, args=()) -> list[tuple]:
     return store.fetch(conn, store.Statement("test", sql, tuple(args)))
 
 
+def plan_buffers(lines: list[str]) -> int:
+    """Shared buffers (hit and read) of the first node with a "Buffers:" line in EXPLAIN (ANALYZE, BUFFERS)."""
+    line = next(line for line in lines if "Buffers:" in line)
+    return sum(int(part.split("=")[1]) for part in line.split(":", 1)[1].replace(",", " ").split()
+               if part.startswith(("hit=", "read=")))
+
+
 def index_names(conn, schema: str, index: str) -> set[str]:
     """``index`` and, when it is the index of a partitioned table (attempts), the indexes of its partitions."""
     rows = conn.execute("SELECT c.relname FROM pg_partition_tree(%s::regclass) AS t JOIN pg_class AS c ON c.oid = t.relid",

@@ -19,7 +19,7 @@ import pytest
 import joblane
 from joblane import store
 from joblane.queries import quote_ident
-from .helpers import run_sql
+from .helpers import plan_buffers, run_sql
 
 
 @pytest.fixture
@@ -63,9 +63,7 @@ def claim_buffers(conn, app, n: int = 10) -> int:
         lines = [r[0] for r in conn.execute(
             f"EXPLAIN (ANALYZE, BUFFERS) SELECT * FROM {quote_ident(app.schema)}.claim_jobs(ARRAY['q'], %s, 'w', 30)",
             (n,))]
-    line = next(line for line in lines if "Buffers:" in line)
-    return sum(int(part.split("=")[1]) for part in line.split(":", 1)[1].replace(",", " ").split()
-               if part.startswith(("hit=", "read=")))
+    return plan_buffers(lines)
 
 
 def test_pages_read_per_claim_stay_flat_behind_a_held_snapshot(joblane_dsn, app):

@@ -18,7 +18,7 @@ import pytest
 import joblane
 from joblane.queries import quote_ident
 
-from ..helpers import run_sql
+from ..helpers import plan_buffers, run_sql
 
 
 @pytest.fixture
@@ -78,9 +78,7 @@ def claim_buffers(conn, app, n: int = 10) -> int:
     stmt = app.store.claim_outbox(n, ["t."], [False], "r", 30.0)
     with conn.transaction(force_rollback=True):
         lines = [r[0] for r in run_sql(conn, "EXPLAIN (ANALYZE, BUFFERS) " + stmt.sql, stmt.args)]
-    line = next(line for line in lines if "Buffers:" in line)
-    return sum(int(part.split("=")[1]) for part in line.split(":", 1)[1].replace(",", " ").split()
-               if part.startswith(("hit=", "read=")))
+    return plan_buffers(lines)
 
 
 def finish_buffers(conn, app) -> int:
@@ -94,9 +92,7 @@ def finish_buffers(conn, app) -> int:
         run_sql(conn, app.store.hash_joins_only().sql)
         lines = [r[0] for r in run_sql(conn, "EXPLAIN (ANALYZE, BUFFERS) " + stmt.sql, stmt.args)]
     finish(conn, app, rows)
-    line = next(line for line in lines if "Buffers:" in line)
-    return sum(int(part.split("=")[1]) for part in line.split(":", 1)[1].replace(",", " ").split()
-               if part.startswith(("hit=", "read=")))
+    return plan_buffers(lines)
 
 
 def test_pages_read_per_claim_stay_flat_behind_a_held_snapshot(joblane_dsn, app):
