@@ -761,9 +761,8 @@ class Store:
     def inbox_record(self, key) -> Statement:
         return self._s("inbox_record", key)
 
-    def claim_outbox(self, limit, prefixes, ordered, relay, lease_seconds, after=("", "")) -> Statement:
-        """``after``: where version 16's walk over keys stopped; the cursor claim (migration 17) ignores it."""
-        return self._s("claim_outbox", limit, prefixes, ordered, relay, lease_seconds, *after)
+    def claim_outbox(self, limit, prefixes, ordered, relay, lease_seconds) -> Statement:
+        return self._s("claim_outbox", limit, prefixes, ordered, relay, lease_seconds)
 
     def requeue_lost_outbox(self) -> Statement:
         return self._s("requeue_lost_outbox")

@@ -349,8 +349,8 @@ def test_a_claim_over_a_big_backlog_of_few_ordered_keys_reads_what_it_claims_not
             assert sorted(ids) == first[key][:len(ids)], key
 
 
-def _claim(app, limit: int, *, ordered: bool, after=("", "")) -> tuple[str, tuple]:
-    claim = app.store.claim_outbox(limit, ["orders."], [ordered], "r-test", 30.0, after)
+def _claim(app, limit: int, *, ordered: bool) -> tuple[str, tuple]:
+    claim = app.store.claim_outbox(limit, ["orders."], [ordered], "r-test", 30.0)
     return claim.sql, claim.args
 
 

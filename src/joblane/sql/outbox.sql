@@ -33,7 +33,7 @@ ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
 -- name: claim_outbox
--- Lease up to $1 deliverable rows whose topic starts with a route prefix $2 (ordered when $3) to relay $4 for $5 seconds ($6, $7: ignored since version 17).
+-- Lease up to $1 deliverable rows whose topic starts with a route prefix $2 (ordered when $3) to relay $4 for $5 seconds.
 --
 -- The statement lives in the function claim_outbox (migration 0017): it reads
 -- each routed topic's entries from its cursor, never the rows sent before
@@ -42,7 +42,7 @@ RETURNING key;
 -- result has a NULL id; its attempts column is 1 when the relay should claim
 -- again at once (a topic was busy with another relay's claim, or deferred rows
 -- were promoted that only a later claim can take).
-SELECT * FROM {schema}.claim_outbox($1::int, $2::text[], $3::bool[], $4::text, $5::float8, $6::text, $7::text);
+SELECT * FROM {schema}.claim_outbox($1::int, $2::text[], $3::bool[], $4::text, $5::float8);
 
 -- name: requeue_lost_outbox
 -- Give pending rows whose lease expired (their relay died) new entries, so a claim takes them again; returns how many.

@@ -725,7 +725,7 @@ AS $function$
      WHERE p_say_again OR c.id IS NOT NULL
 $function$;
 
-CREATE OR REPLACE FUNCTION {schema}.claim_outbox(p_limit integer, p_prefixes text[], p_ordered boolean[], p_relay text, p_lease_seconds double precision, p_after_topic text, p_after_key text)
+CREATE OR REPLACE FUNCTION {schema}.claim_outbox(p_limit integer, p_prefixes text[], p_ordered boolean[], p_relay text, p_lease_seconds double precision)
  RETURNS TABLE(id bigint, topic text, key text, idempotency_key text, payload text, headers text, attempts integer, max_attempts integer, created_at timestamp with time zone)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'

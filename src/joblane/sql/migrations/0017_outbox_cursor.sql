@@ -265,8 +265,7 @@ $$;
 
 -- Lease up to p_limit deliverable messages whose topic starts with a route
 -- prefix (p_ordered: is that route ordered) to relay p_relay for
--- p_lease_seconds. (p_after_topic, p_after_key), where the walk over keys of
--- version 14 stopped, is no longer needed and ignored.
+-- p_lease_seconds.
 --
 -- Each round reads every routed lane this claim can lock (a lane busy with
 -- another relay's claim is passed over): its latest cursor row, its range and
@@ -287,7 +286,7 @@ $$;
 -- fewer rows than asked were found while a lane was busy or deferred rows were
 -- promoted (a later claim takes them): the relay claims again at once.
 CREATE FUNCTION {schema}.claim_outbox(p_limit integer, p_prefixes text[], p_ordered boolean[], p_relay text,
-                                      p_lease_seconds double precision, p_after_topic text, p_after_key text)
+                                      p_lease_seconds double precision)
 RETURNS TABLE (id bigint, topic text, key text, idempotency_key text, payload text, headers text,
                attempts integer, max_attempts integer, created_at timestamptz)
 LANGUAGE plpgsql
