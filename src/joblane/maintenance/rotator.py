@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import store
+from ..errors import JoblaneError
 from ..store import Store
 from .service import Service
 
@@ -21,10 +22,11 @@ from .service import Service
 class Rotator(Service):
     name = "rotator"
 
-    def __init__(self, store: Store, *, interval: float = 2.0, turn_every: float = 10.0, **kw: Any):
-        super().__init__(store, interval=interval, **kw)
-        if turn_every <= 0:
-            raise ValueError("rotator: turn_every must be positive")
+    def __init__(self, store: Store, *, turn_every: float = 10.0, interval: float | None = None, **kw: Any):
+        if not turn_every > 0:
+            raise JoblaneError("ring_turn_seconds must be a positive number of seconds")
+        # a slot left behind is emptied on a later round: every 2 s, or twice a turn when turns are quicker
+        super().__init__(store, interval=min(2.0, turn_every / 2) if interval is None else interval, **kw)
         self.turn_every = turn_every
         self.waiting: str | None = None  # why the oldest slot left behind is not emptied yet, if it is not
 

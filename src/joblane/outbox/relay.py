@@ -172,11 +172,9 @@ class Relay:
         self.pruner = OutboxPruner(self.store, retention=retention_seconds, interval=prune_interval)
         # vacuums the outbox when its dead row versions pile up between autovacuum's passes (0: autovacuum only)
         self.vacuumer = Vacuumer(self.store, tables=("outbox",), interval=vacuum_interval) if vacuum_interval else None
-        if not ring_turn_seconds > 0:
-            raise JoblaneError("ring_turn_seconds must be a positive number of seconds")
         # the ring of entries the claims read (shared with the workers' claim, migrations 0013 and 0017): a
         # relay turns it too, so an outbox served by relays alone gives its space back; one process at a time
-        self.rotator = Rotator(self.store, turn_every=ring_turn_seconds, interval=min(2.0, ring_turn_seconds / 2))
+        self.rotator = Rotator(self.store, turn_every=ring_turn_seconds)
         self._prefixes = [r.prefix for r in routes]
         self._ordered = [r.ordered for r in routes]
         self._claiming = asyncio.Lock()

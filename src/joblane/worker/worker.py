@@ -110,8 +110,6 @@ class Worker:
         self.exit_when_stuck = bool(exit_when_stuck)
         if not vacuum_interval >= 0:
             raise JoblaneError("vacuum_interval must be >= 0 seconds (0 leaves vacuum to autovacuum)")
-        if not ring_turn_seconds > 0:
-            raise JoblaneError("ring_turn_seconds must be a positive number of seconds")
         # Behind PgBouncer in transaction pooling: no named prepared statements
         # (asyncpg's statement cache off) and no LISTEN (it needs a session): poll.
         # None: found out at start, from the connection's two ends (_through_pooler).
@@ -155,10 +153,8 @@ class Worker:
         self.completer = Completer(self.store, self.name, self.stats, flush_size=flush_size,
                                    flush_interval=flush_interval)
         self.rescuer = Rescuer(self.store, interval=rescue_interval or max(1.0, self.lease_seconds / 3))
-        # the ring of the claim's ready entries (migration 0013): it turns every ring_turn_seconds, and a
-        # slot left behind is emptied on a later round (every 2 s, or twice a turn when turns are quicker)
-        self.rotator = Rotator(self.store, turn_every=ring_turn_seconds,
-                               interval=min(2.0, ring_turn_seconds / 2))
+        # the ring of the claims' ready entries (migrations 0013 and 0017), turned every ring_turn_seconds
+        self.rotator = Rotator(self.store, turn_every=ring_turn_seconds)
         self.pruner = Pruner(self.store, retention=retention_seconds, prune_failed=prune_failed,
                              interval=prune_interval)
         # vacuums jobs when its dead row versions pile up between autovacuum's passes (0: autovacuum only)
